@@ -60,6 +60,20 @@ impl Outcome {
     }
 }
 
+/// One handled delivery, as reported to an observer (see [`Consumer::observe`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handled {
+    /// The order, when the message could be decoded.
+    pub order_id: Option<String>,
+    /// What happened.
+    pub outcome: Outcome,
+    /// When it was acked.
+    pub at: DateTime<Utc>,
+}
+
+/// Receives every [`Handled`] after its ack.
+pub type Observer = tokio::sync::mpsc::UnboundedSender<Handled>;
+
 /// What to do with a delivery the moment it arrives. Pure: no I/O.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Arrival {
@@ -189,6 +203,7 @@ pub struct Consumer<S> {
     ladder: Ladder,
     store: Arc<S>,
     readiness: Arc<Readiness>,
+    observer: Option<Observer>,
 }
 
 impl<S> std::fmt::Debug for Consumer<S> {
@@ -213,7 +228,16 @@ impl<S: OrderStore> Consumer<S> {
             ladder: settings.ladder()?,
             store,
             readiness,
+            observer: None,
         })
+    }
+
+    /// Reports every handled delivery, after its ack, on the returned channel: for
+    /// tests and the demo, which wait for outcomes instead of sleeping.
+    pub fn observe(&mut self) -> tokio::sync::mpsc::UnboundedReceiver<Handled> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        self.observer = Some(tx);
+        rx
     }
 
     /// Consumes until `shutdown` is cancelled, then drains and returns. Broker
@@ -341,7 +365,7 @@ impl<S: OrderStore> Consumer<S> {
                                 }
                             }
                             Done::ParkFailed(delivery, reason, _) => {
-                                in_flight.push(park_work(parking.clone(), self.ladder.parked_exchange(), *delivery, reason, timeout));
+                                in_flight.push(park_work(parking.clone(), self.ladder.parked_exchange(), *delivery, reason, timeout, self.observer.clone()));
                             }
                             Done::Handled | Done::BrokerFailed(_) => {}
                         }
@@ -367,7 +391,7 @@ impl<S: OrderStore> Consumer<S> {
                                 held.insert(Pending { delivery, message }, early);
                             }
                             Arrival::Park(reason) => {
-                                in_flight.push(park_work(parking.clone(), self.ladder.parked_exchange(), delivery, reason, timeout));
+                                in_flight.push(park_work(parking.clone(), self.ladder.parked_exchange(), delivery, reason, timeout, self.observer.clone()));
                             }
                         }
                     }
@@ -414,12 +438,26 @@ impl<S: OrderStore> Consumer<S> {
 
     fn cancel_work(&self, batch: Vec<Pending>) -> BoxFuture<'static, Done> {
         let store = Arc::clone(&self.store);
+        let observer = self.observer.clone();
         async move {
             let messages: Vec<&ExpiryMessage> = batch.iter().map(|p| &p.message).collect();
             let result = cancel_batch(store.as_ref(), &messages).await;
             match result {
                 Err(e) => Done::StoreFailed(batch, e),
-                Ok(_) => ack_all(batch.iter().map(|p| &p.delivery)).await,
+                Ok(outcomes) => {
+                    let done = ack_all(batch.iter().map(|p| &p.delivery)).await;
+                    if let (Done::Handled, Some(observer)) = (&done, observer) {
+                        let at = Utc::now();
+                        for (p, outcome) in batch.iter().zip(outcomes) {
+                            let _ = observer.send(Handled {
+                                order_id: Some(p.message.order_id.clone()),
+                                outcome,
+                                at,
+                            });
+                        }
+                    }
+                    done
+                }
             }
         }
         .boxed()
@@ -444,6 +482,7 @@ fn park_work(
     delivery: Delivery,
     reason: String,
     timeout: Duration,
+    observer: Option<Observer>,
 ) -> BoxFuture<'static, Done> {
     async move {
         warn!(reason = %reason, size = delivery.data.len(), "parking message");
@@ -485,7 +524,15 @@ fn park_work(
             Ok(Ok(Confirmation::Ack(None))) => {
                 metrics::counter!("order_expiry_messages_total", "outcome" => Outcome::Parked.label()).increment(1);
                 metrics::counter!("order_expiry_parked_total").increment(1);
-                ack_all(std::iter::once(&delivery)).await
+                let done = ack_all(std::iter::once(&delivery)).await;
+                if let (Done::Handled, Some(observer)) = (&done, observer) {
+                    let _ = observer.send(Handled {
+                        order_id: None,
+                        outcome: Outcome::Parked,
+                        at: Utc::now(),
+                    });
+                }
+                done
             }
             Ok(Ok(Confirmation::Ack(Some(r)))) => {
                 let why = format!("parked exchange {exchange} did not route ({} {})", r.reply_code, r.reply_text);

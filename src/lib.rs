@@ -40,7 +40,7 @@ pub mod shutdown;
 pub mod telemetry;
 pub mod topology;
 
-pub use consumer::{Consumer, Outcome};
+pub use consumer::{Consumer, Handled, Outcome};
 pub use ladder::{Ladder, Route};
 pub use message::ExpiryMessage;
 pub use orders::{OrderStore, PgOrderStore};

@@ -1,0 +1,80 @@
+//! The `order-expiry` binary: `schedule --stdin` confirms every line or names the
+//! bad one; `topology export` prints definitions.
+
+use std::process::Stdio;
+
+use tokio::io::AsyncWriteExt;
+use tokio::process::Command;
+
+use crate::helpers::{TestEnv, amqp_url, vhost};
+
+fn binary(env: &TestEnv) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_order-expiry"));
+    cmd.env("ORDER_EXPIRY__AMQP__URL", amqp_url(&vhost()))
+        .env(
+            "ORDER_EXPIRY__TOPOLOGY__PREFIX",
+            &env.settings.topology.prefix,
+        )
+        .env(
+            "ORDER_EXPIRY__TOPOLOGY__LEVELS",
+            env.settings.topology.levels.to_string(),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+async fn run_with_stdin(mut cmd: Command, input: &str) -> std::process::Output {
+    let mut child = cmd.spawn().expect("binary runs");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.as_bytes()).await.unwrap();
+    drop(stdin);
+    child.wait_with_output().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedule_stdin_confirms_every_line() {
+    let env = TestEnv::new().await;
+    let mut cmd = binary(&env);
+    cmd.args(["schedule", "--stdin"]);
+    let input = "{\"order_id\": \"s-1\", \"delay_ms\": 0}\n\n{\"order_id\": \"s-2\", \"due_at\": \"2020-01-01T00:00:00Z\"}\n";
+    let out = run_with_stdin(cmd, input).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(env.depth(&env.ladder().due_queue()).await, 2);
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedule_stdin_names_the_bad_line_and_schedules_nothing() {
+    let env = TestEnv::new().await;
+    let mut cmd = binary(&env);
+    cmd.args(["schedule", "--stdin"]);
+    let input = "{\"order_id\": \"s-1\", \"delay_ms\": 0}\n{\"order_id\": \"s-2\"}\n";
+    let out = run_with_stdin(cmd, input).await;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("line 2"), "{stderr}");
+    assert_eq!(env.depth(&env.ladder().due_queue()).await, 0);
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedule_one_order_with_a_delay() {
+    let env = TestEnv::new().await;
+    let mut cmd = binary(&env);
+    cmd.args(["schedule", "--order-id", "one-1", "--delay", "0s"]);
+    let out = run_with_stdin(cmd, "").await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("scheduled one-1"));
+    assert_eq!(env.depth(&env.ladder().due_queue()).await, 1);
+    env.cleanup().await;
+}

@@ -1,0 +1,95 @@
+//! Timeliness end to end: orders with mixed delays, published long-first, are
+//! cancelled no earlier than due and well within a second after.
+
+use std::time::Duration;
+
+use chrono::TimeDelta;
+use order_expiry::{ExpiryMessage, Outcome, Scheduler};
+use rand::seq::SliceRandom;
+
+use crate::helpers::{TestEnv, at_ms};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_delays_published_long_first_are_cancelled_on_time() {
+    let env = TestEnv::new().await;
+    let mut consumer = env.start_consumer();
+    // 120 orders, delays 1-10 s in ms steps, shuffled then sorted long-first: the
+    // order that defeats a single holding queue.
+    let mut delays: Vec<i64> = (0..120).map(|i| 1_000 + i * 9_000 / 119).collect();
+    delays.shuffle(&mut rand::rng());
+    delays.sort_by(|a, b| b.cmp(a));
+    let orders: Vec<(String, _)> = delays
+        .iter()
+        .enumerate()
+        .map(|(i, ms)| (format!("mixed-{i}"), at_ms(*ms)))
+        .collect();
+    env.create_orders(&orders).await;
+    let scheduler = Scheduler::from_settings(&env.settings).unwrap();
+    for result in scheduler.schedule_many(orders.clone()).await {
+        result.expect("every schedule confirmed");
+    }
+
+    let handled = consumer.next_n(orders.len(), Duration::from_secs(25)).await;
+    assert!(handled.iter().all(|h| h.outcome == Outcome::Cancelled));
+
+    let mut lateness_ms = Vec::new();
+    for (id, _) in &orders {
+        let (status, due_at, cancelled_at) = env.order(id).await;
+        assert_eq!(status, "cancelled", "{id}");
+        let cancelled_at = cancelled_at.expect("cancelled_at set");
+        let late = cancelled_at - due_at;
+        assert!(late >= TimeDelta::zero(), "{id} cancelled {late} early");
+        assert!(late < TimeDelta::seconds(1), "{id} cancelled {late} late");
+        lateness_ms.push(late.num_milliseconds());
+    }
+    lateness_ms.sort();
+    eprintln!(
+        "lateness over {} orders: p50 {} ms, max {} ms",
+        lateness_ms.len(),
+        lateness_ms[lateness_ms.len() / 2],
+        lateness_ms[lateness_ms.len() - 1]
+    );
+    scheduler.close().await;
+    consumer.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_arriving_early_is_held_until_due_at() {
+    let env = TestEnv::new().await;
+    env.create_orders(&[("early-1".into(), at_ms(1_500))]).await;
+    let (_, due_at, _) = env.order("early-1").await;
+    let mut consumer = env.start_consumer();
+    // Straight into the due queue, 1.5 s before it is due.
+    env.publish_message(&ExpiryMessage::new("early-1", due_at).unwrap())
+        .await;
+    let handled = consumer.next_n(1, Duration::from_secs(10)).await;
+    assert_eq!(handled[0].outcome, Outcome::Cancelled);
+    let (status, due_at, cancelled_at) = env.order("early-1").await;
+    assert_eq!(status, "cancelled");
+    assert!(cancelled_at.unwrap() >= due_at, "cancelled before due_at");
+    consumer.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_message_survives_the_consumer_stopping() {
+    let env = TestEnv::new().await;
+    env.create_orders(&[("held-1".into(), at_ms(2_000))]).await;
+    let (_, due_at, _) = env.order("held-1").await;
+    let first = env.start_consumer();
+    env.publish_message(&ExpiryMessage::new("held-1", due_at).unwrap())
+        .await;
+    // Let the first consumer take the message and hold it, then stop it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    first.stop().await;
+    let (status, _, _) = env.order("held-1").await;
+    assert_eq!(status, "unpaid", "not cancelled before due_at");
+    let mut second = env.start_consumer();
+    let handled = second.next_n(1, Duration::from_secs(10)).await;
+    assert_eq!(handled[0].outcome, Outcome::Cancelled);
+    let (_, due_at, cancelled_at) = env.order("held-1").await;
+    assert!(cancelled_at.unwrap() >= due_at);
+    second.stop().await;
+    env.cleanup().await;
+}

@@ -1,0 +1,70 @@
+//! `/healthz`, `/readyz` and `/metrics` of the running service.
+
+use std::time::Duration;
+
+use order_expiry::Service;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+use crate::helpers::TestEnv;
+
+async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let status = response[9..12].parse().unwrap();
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_readiness_and_metrics() {
+    let env = TestEnv::new().await;
+    let service = Service::build(&env.settings).await.unwrap();
+    let addr = service.http_addr().unwrap();
+    let readiness = service.readiness();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(service.run(stop.clone()));
+
+    assert_eq!(get(addr, "/healthz").await.0, 200);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !readiness.is_consuming() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never started consuming"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, body) = get(addr, "/readyz").await;
+    assert_eq!(status, 200, "{body}");
+
+    let scheduler = order_expiry::Scheduler::from_settings(&env.settings).unwrap();
+    scheduler
+        .schedule("m-unknown", crate::helpers::at_ms(-1))
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, metrics) = get(addr, "/metrics").await;
+        if metrics.contains("order_expiry_messages_total{outcome=\"unknown\"}") {
+            assert!(metrics.contains("order_expiry_schedule_total"), "{metrics}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "metrics never showed the outcome: {metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    scheduler.close().await;
+
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(15), task)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!readiness.is_consuming(), "not ready after shutdown");
+    env.cleanup().await;
+}

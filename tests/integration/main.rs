@@ -1,0 +1,11 @@
+//! Integration tests against the real RabbitMQ and PostgreSQL (see `helpers.rs`).
+//! One binary, so the shared set-up runs once and the tests run in parallel.
+
+mod cli;
+mod definitions;
+mod delivery;
+mod helpers;
+mod http;
+mod payments;
+mod poison;
+mod scheduling;

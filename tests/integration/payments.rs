@@ -1,0 +1,99 @@
+//! Paid orders are never cancelled; cancelled orders cannot be paid; the same
+//! message twice changes nothing the second time.
+
+use std::time::Duration;
+
+use order_expiry::consumer::cancel_batch;
+use order_expiry::{ExpiryMessage, Outcome, Scheduler};
+
+use crate::helpers::{TestEnv, at_ms};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paid_orders_stay_paid_and_cancelled_ones_stay_cancelled() {
+    let env = TestEnv::new().await;
+    let orders: Vec<(String, _)> = (0..20)
+        .map(|i| (format!("pay-{i}"), at_ms(2_000)))
+        .collect();
+    env.create_orders(&orders).await;
+    let scheduler = Scheduler::from_settings(&env.settings).unwrap();
+    for r in scheduler.schedule_many(orders.clone()).await {
+        r.unwrap();
+    }
+    // Pay the even ones before they are due.
+    for (id, _) in orders.iter().step_by(2) {
+        assert!(env.store.pay(id).await.unwrap());
+    }
+    let mut consumer = env.start_consumer();
+    let handled = consumer.next_n(20, Duration::from_secs(15)).await;
+    let cancelled = handled
+        .iter()
+        .filter(|h| h.outcome == Outcome::Cancelled)
+        .count();
+    let not_unpaid = handled
+        .iter()
+        .filter(|h| h.outcome == Outcome::NotUnpaid)
+        .count();
+    assert_eq!((cancelled, not_unpaid), (10, 10));
+    for (i, (id, _)) in orders.iter().enumerate() {
+        let (status, _, cancelled_at) = env.order(id).await;
+        if i % 2 == 0 {
+            assert_eq!(status, "paid", "{id}");
+            assert!(cancelled_at.is_none());
+        } else {
+            assert_eq!(status, "cancelled", "{id}");
+            // A payment arriving after the cancel does not resurrect the order.
+            assert!(!env.store.pay(id).await.unwrap());
+            assert_eq!(env.order(id).await.0, "cancelled");
+        }
+    }
+    scheduler.close().await;
+    consumer.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_message_twice_changes_nothing_the_second_time() {
+    let env = TestEnv::new().await;
+    env.create_orders(&[("dup-1".into(), at_ms(-10))]).await;
+    let (_, due_at, _) = env.order("dup-1").await;
+    let message = ExpiryMessage::new("dup-1", due_at).unwrap();
+
+    // The unit of work, twice.
+    let first = cancel_batch(env.store.as_ref(), &[&message]).await.unwrap();
+    let cancelled_at = env.order("dup-1").await.2;
+    let second = cancel_batch(env.store.as_ref(), &[&message]).await.unwrap();
+    assert_eq!(first, [Outcome::Cancelled]);
+    assert_eq!(second, [Outcome::NotUnpaid]);
+    assert_eq!(env.order("dup-1").await.2, cancelled_at);
+
+    // And end to end: the broker delivers it twice (and once more in one batch).
+    env.create_orders(&[("dup-2".into(), at_ms(-10))]).await;
+    let message = ExpiryMessage::new("dup-2", env.order("dup-2").await.1).unwrap();
+    let mut consumer = env.start_consumer();
+    env.publish_message(&message).await;
+    let handled = consumer.next_n(1, Duration::from_secs(10)).await;
+    assert_eq!(handled[0].outcome, Outcome::Cancelled);
+    let cancelled_at = env.order("dup-2").await.2;
+    env.publish_message(&message).await;
+    env.publish_message(&message).await;
+    let handled = consumer.next_n(2, Duration::from_secs(10)).await;
+    assert!(handled.iter().all(|h| h.outcome == Outcome::NotUnpaid));
+    assert_eq!(env.order("dup-2").await.2, cancelled_at);
+    consumer.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_order_is_acked_and_counted_not_retried() {
+    let env = TestEnv::new().await;
+    let mut consumer = env.start_consumer();
+    env.publish_message(&ExpiryMessage::new("no-such-order", at_ms(-5)).unwrap())
+        .await;
+    let handled = consumer.next_n(1, Duration::from_secs(10)).await;
+    assert_eq!(handled[0].outcome, Outcome::Unknown);
+    consumer.expect_quiet(Duration::from_secs(2)).await;
+    consumer.stop().await;
+    // Acked: nothing came back to the queue.
+    assert_eq!(env.depth(&env.ladder().due_queue()).await, 0);
+    env.cleanup().await;
+}
