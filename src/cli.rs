@@ -12,6 +12,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 use tokio::io::AsyncBufReadExt;
 
+use crate::bench::{self, BenchCommand};
 use crate::demo::{self, DemoOptions};
 use crate::orders::PgOrderStore;
 use crate::scheduler::Scheduler;
@@ -50,6 +51,9 @@ pub enum Command {
     Migrate,
     /// End-to-end demo on the local broker and database.
     Demo(DemoArgs),
+    /// Benchmarks against the local broker and database (not tests).
+    #[command(subcommand)]
+    Bench(BenchCommand),
 }
 
 /// `schedule` arguments.
@@ -119,6 +123,10 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
                 .with_context(|| format!("migrating {}", redact_url(&settings.database.url)))?;
             eprintln!("orders table ready");
             Ok(())
+        }
+        Command::Bench(BenchCommand::Lateness(args)) => bench::lateness::run(&settings, &args).await,
+        Command::Bench(BenchCommand::Throughput(args)) => {
+            bench::throughput::run(&settings, &args).await
         }
         Command::Demo(args) => {
             let options = DemoOptions {

@@ -21,10 +21,12 @@
 //! - [`telemetry`]: tracing subscriber (text or JSON) and Prometheus recorder.
 //! - [`shutdown`]: SIGTERM / Ctrl-C → cancellation token.
 //! - [`demo`]: the end-to-end demo behind `order-expiry demo`.
+//! - [`bench`]: `order-expiry bench lateness|throughput` against the real services.
 
 #![deny(unsafe_code)]
 #![warn(missing_debug_implementations, unreachable_pub, missing_docs)]
 
+pub mod bench;
 pub mod broker;
 pub mod cli;
 pub mod consumer;
