@@ -3,7 +3,9 @@
 //! They are not tests: run them on a quiet machine and read the report.
 
 pub mod lateness;
+pub mod plot;
 pub mod throughput;
+pub mod world;
 
 use clap::Subcommand;
 
