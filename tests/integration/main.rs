@@ -6,6 +6,7 @@ mod definitions;
 mod delivery;
 mod helpers;
 mod http;
+mod lateness;
 mod payments;
 mod poison;
 mod scheduling;
