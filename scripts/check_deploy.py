@@ -37,6 +37,45 @@ ENABLED_PLUGINS = DEPLOY / "enabled_plugins"
 DEFINITIONS = ROOT / "definitions.json"
 INIT_SQL = DEPLOY / "postgres" / "init.sql"
 DEPLOY_README = DEPLOY / "README.md"
+README = ROOT / "README.md"
+GRAFANA_DASHBOARD = DEPLOY / "grafana" / "order-expiry.json"
+SRC = ROOT / "src"
+
+# The least-privilege users of definitions.json (src/definitions.rs).
+PUBLISHER_USER = "order-expiry-publisher"
+CONSUMER_USER = "order-expiry-consumer"
+
+# Metric names rabbitmq_prometheus exports (all prefixed rabbitmq_), from the
+# collector of the 3.10.8 plugin (prometheus_rabbitmq_core_metrics_collector);
+# 3.13 keeps them. Per-queue series (with vhost and queue labels) need
+# /metrics/per-object or prometheus.return_per_object_metrics = true.
+RABBITMQ_PROMETHEUS_METRICS = {"rabbitmq_" + n for n in """
+    auth_attempts_detailed_failed_total auth_attempts_detailed_succeeded_total auth_attempts_detailed_total
+    auth_attempts_failed_total auth_attempts_succeeded_total auth_attempts_total channel_acks_uncommitted
+    channel_consumers channel_get_ack_total channel_get_empty_total channel_get_total channel_messages_acked_total
+    channel_messages_confirmed_total channel_messages_delivered_ack_total channel_messages_delivered_total
+    channel_messages_published_total channel_messages_redelivered_total channel_messages_unacked
+    channel_messages_uncommitted channel_messages_unconfirmed channel_messages_unroutable_dropped_total
+    channel_messages_unroutable_returned_total channel_prefetch channel_process_reductions_total
+    channels_closed_total channels_opened_total connection_channels connection_incoming_bytes_total
+    connection_incoming_packets_total connection_outgoing_bytes_total connection_outgoing_packets_total
+    connection_pending_packets connection_process_reductions_total connections_closed_total connections_opened_total
+    consumer_prefetch disk_space_available_bytes disk_space_available_limit_bytes erlang_gc_reclaimed_bytes_total
+    erlang_gc_runs_total erlang_net_ticktime_seconds erlang_processes_limit erlang_processes_used
+    erlang_scheduler_context_switches_total erlang_scheduler_run_queue exchange_bindings io_read_bytes_total
+    io_read_ops_total io_reopen_ops_total io_seek_ops_total io_sync_ops_total io_write_bytes_total io_write_ops_total
+    msg_store_read_total msg_store_write_total process_max_fds process_max_tcp_sockets process_open_fds
+    process_open_tcp_sockets process_resident_memory_bytes queue_consumer_capacity queue_consumer_utilisation
+    queue_consumers queue_disk_reads_total queue_disk_writes_total queue_head_message_timestamp
+    queue_index_read_ops_total queue_index_write_ops_total queue_messages queue_messages_bytes
+    queue_messages_paged_out queue_messages_paged_out_bytes queue_messages_persistent queue_messages_persistent_bytes
+    queue_messages_published_total queue_messages_ram queue_messages_ram_bytes queue_messages_ready
+    queue_messages_ready_bytes queue_messages_ready_ram queue_messages_unacked queue_messages_unacked_bytes
+    queue_messages_unacked_ram queue_process_memory_bytes queue_process_reductions_total queues_created_total
+    queues_declared_total queues_deleted_total raft_log_commit_index raft_log_last_applied_index
+    raft_log_last_written_index raft_log_snapshot_index raft_term_total resident_memory_limit_bytes
+    schema_db_disk_tx_total schema_db_ram_tx_total vhost_status identity_info build_info
+""".split()}
 
 # Oldest and newest Kubernetes minor versions the manifests must validate against
 # (schemas ship inside the pinned kubernetes-validate package).
@@ -245,25 +284,54 @@ def amqp_credentials(url: str) -> tuple[str, str, str, str]:
     return unquote(parts.username or ""), unquote(parts.password or ""), parts.hostname or "", vhost
 
 
-def check_user_can_use(files: list[tuple[str, dict]], user: str, password: str, vhost: str) -> str:
-    """A user defined in one of the definitions `files` logs in with `password` and
-    may configure/write/read on `vhost`, which that same file declares."""
+def imported(files: list[tuple[str, dict]]) -> dict:
+    """What a broker holds after importing the definitions `files` in this order,
+    as RabbitMQ does: importing a user again replaces its password hash and tags
+    (an empty hash clears the password), a later permission replaces an earlier
+    one for the same user and vhost. Within one file vhosts come before
+    permissions, so a permission may use a vhost of its own file or an earlier one."""
+    users, vhosts, permissions, topic = {}, set(), {}, {}
     for name, defs in files:
         for u in defs.get("users", []):
-            if u.get("name") != user:
-                continue
-            require(rabbit_password_matches(u, password), f"{name}: password of user {user!r} does not match the URL's")
-            require("tags" in u or "administrator" in u, f"{name}: user {user!r} has no 'tags' (RabbitMQ rejects it)")
-            perms = [p for p in defs.get("permissions", []) if p.get("user") == user and p.get("vhost") == vhost]
-            require(perms, f"{name}: user {user!r} has no permissions on vhost {vhost!r}")
-            for kind in ("configure", "write", "read"):
-                require(perms[0].get(kind), f"{name}: user {user!r} has an empty {kind} permission")
-            require(
-                any(v.get("name") == vhost for v in defs.get("vhosts", [])),
-                f"{name}: declares no vhost {vhost!r}; its permissions would depend on import order",
-            )
-            return name
-    raise CheckFailed(f"no definitions file creates user {user!r}")
+            require("tags" in u, f"{name}: user {u.get('name')!r} has no 'tags' (RabbitMQ rejects it)")
+            users[u["name"]] = (name, u)
+        vhosts |= {v["name"] for v in defs.get("vhosts", [])}
+        for p in defs.get("permissions", []) + defs.get("topic_permissions", []):
+            require(p["vhost"] in vhosts, f"{name}: permission of {p['user']!r} on vhost {p['vhost']!r}, "
+                                          "which neither this file nor an earlier one declares")
+        for p in defs.get("permissions", []):
+            permissions[(p["user"], p["vhost"])] = p
+        for t in defs.get("topic_permissions", []):
+            topic[(t["user"], t["vhost"], t["exchange"])] = t
+    return {"users": users, "vhosts": vhosts, "permissions": permissions, "topic": topic}
+
+
+def allows(pattern: str, name: str) -> bool:
+    """RabbitMQ's permission test: an unanchored regex search; "" denies."""
+    return bool(pattern) and re.search(pattern, name) is not None
+
+
+def check_login(state: dict, user: str, password: str, vhost: str) -> dict:
+    """`user` logs in with `password` after the import and has permissions on
+    `vhost`; returns those permissions."""
+    require(user in state["users"], f"no imported definitions file creates user {user!r}")
+    source, u = state["users"][user]
+    require(u.get("password") or u.get("password_hash"),
+            f"user {user!r} ends up without a password: {source}, the last file that imports it, sets none "
+            "(a users file must sort after definitions.json)")
+    require(rabbit_password_matches(u, password), f"{source}: password of user {user!r} does not match the URL's")
+    require(vhost in state["vhosts"], f"vhost {vhost!r} of the URL is not declared")
+    perms = state["permissions"].get((user, vhost))
+    require(perms, f"user {user!r} has no permissions on vhost {vhost!r}")
+    return perms
+
+
+def check_consumer_capabilities(perms: dict, prefix: str, user: str) -> None:
+    """What `order-expiry serve` does with the broker (src/consumer.rs)."""
+    due, parked = f"{prefix}.due", f"{prefix}.parked"
+    for kind, names in (("configure", (due, parked)), ("write", (due, parked)), ("read", (due, parked))):
+        for name in names:
+            require(allows(perms[kind], name), f"{user!r} needs {kind} on {name} (the consumer re-declares it)")
 
 
 # ---------------------------------------------------------------------------
@@ -556,24 +624,40 @@ def compose_rabbitmq_mounts():
     return f"{load}/ <- {', '.join(sorted(Path(c).name for c in in_dir))}"
 
 
-@check("compose: the consumer's AMQP user is created by the imported definitions")
+@check("compose: the AMQP users of the consumer, the demo and the host-side publisher log in after the boot import")
 def compose_broker_user():
-    """A blank node that imports definitions at boot creates no default user, so the
-    user in the consumer URL must come from a definitions file the broker imports."""
+    """A blank node that imports definitions at boot creates no default user, so
+    every user in a URL must come from the definitions files the broker imports,
+    in the order it imports them (file name order), with a matching password."""
     load = rabbitmq_conf(read_text(RABBITMQ_CONF)).get("load_definitions")
     require(load, "deploy/rabbitmq.conf has no load_definitions")
     load = load.rstrip("/")
     files = []
     for host, container, _ in bind_mounts(service("rabbitmq")):
         if container == load or container.startswith(load + "/"):
-            files.append((host, json.loads(read_text(ROOT / host))))
+            files.append((container, host, json.loads(read_text(ROOT / host))))
     files.sort(key=lambda f: f[0])
-    user, password, _, vhost = amqp_credentials(environment(service("consumer"))["ORDER_EXPIRY__AMQP__URL"])
-    source = check_user_can_use(files, user, password, vhost)
-    if user == "guest":
+    state = imported([(host, defs) for _, host, defs in files])
+    consumer_env = environment(service("consumer"))
+    user, password, _, vhost = amqp_credentials(consumer_env["ORDER_EXPIRY__AMQP__URL"])
+    require(user == CONSUMER_USER, f"the consumer must connect as {CONSUMER_USER}, not {user!r}")
+    check_consumer_capabilities(check_login(state, user, password, vhost), topology_prefix(consumer_env), user)
+    checked = [f"{user} on {vhost!r}"]
+    demo_user, demo_password, _, demo_vhost = amqp_credentials(environment(service("demo"))["ORDER_EXPIRY__AMQP__URL"])
+    check_login(state, demo_user, demo_password, demo_vhost)
+    checked.append(f"demo {demo_user}")
+    # The publisher URL documented for the order service on the host.
+    documented = re.findall(r"amqps?://[^\s`'\"]+", read_text(DEPLOY_README))
+    publisher_urls = [u for u in documented if amqp_credentials(u)[0] == PUBLISHER_USER]
+    require(publisher_urls, f"deploy/README.md documents no {PUBLISHER_USER} URL for the compose broker")
+    for url in publisher_urls:
+        user, password, _, vhost = amqp_credentials(url)
+        check_login(state, user, password, vhost)
+    checked.append(f"{PUBLISHER_USER} as documented")
+    if "guest" in (user, demo_user):
         require(rabbitmq_conf(read_text(RABBITMQ_CONF)).get("loopback_users.guest") == "false",
                 "guest connects from another container: set loopback_users.guest = false")
-    return f"{user!r} on vhost {vhost!r} from {source}"
+    return f"{', '.join(checked)}; import order {' then '.join(Path(c).name for c, _, _ in files)}"
 
 
 # ---------------------------------------------------------------------------
@@ -607,8 +691,6 @@ def definitions_check():
     defs = definitions()
     for key in ("exchanges", "queues", "bindings", "vhosts"):
         require(isinstance(defs.get(key), list) and defs[key], f"definitions.json has no {key}")
-    require(not defs.get("users") and not defs.get("permissions"),
-            "definitions.json must stay the topology export (no users): users belong in deploy files")
     exchanges = {(x["vhost"], x["name"]) for x in defs["exchanges"]}
     queues = {(q["vhost"], q["name"]) for q in defs["queues"]}
     vhosts = {v["name"] for v in defs["vhosts"]}
@@ -627,6 +709,45 @@ def definitions_check():
     for suffix in ("due", "parked"):
         require(f"{prefix}.{suffix}" in names, f"queue {prefix}.{suffix} is missing")
     return f"{len(defs['exchanges'])} exchanges, {len(defs['queues'])} queues, {len(defs['bindings'])} bindings"
+
+
+@check("rabbitmq: definitions.json has its own vhost and least-privilege users without passwords")
+def definitions_access():
+    defs = definitions()
+    vhost = default_settings()["topology"]["vhost"]
+    require(vhost != "/", "the definitions need a vhost of their own, not /")
+    require([v["name"] for v in defs["vhosts"]] == [vhost], f"definitions.json must declare exactly vhost {vhost!r}")
+    users = {u["name"]: u for u in defs.get("users", [])}
+    require(set(users) == {PUBLISHER_USER, CONSUMER_USER}, f"users must be {PUBLISHER_USER} and {CONSUMER_USER}, not {sorted(users)}")
+    for name, u in users.items():
+        require("password" not in u and u.get("password_hash") == "",
+                f"{name}: definitions.json must carry no password (empty password_hash, set at deploy time)")
+        require(not u.get("tags"), f"{name}: no tags (no management or administrator rights)")
+    perms = {p["user"]: p for p in defs.get("permissions", [])}
+    require(set(perms) == set(users) and all(p["vhost"] == vhost for p in perms.values()),
+            f"one permission per user, on vhost {vhost!r}")
+    prefix = topology_prefix()
+    exchanges = {x["name"] for x in defs["exchanges"]}
+    queues = {q["name"] for q in defs["queues"]}
+    entries = {x for x in exchanges if x.startswith(f"{prefix}.ladder.")} | {f"{prefix}.due"}
+    publisher = perms[PUBLISHER_USER]
+    require(publisher["configure"] == "" and publisher["read"] == "", "the publisher may not configure or read anything")
+    for name in sorted(exchanges | queues):
+        require(allows(publisher["write"], name) == (name in entries),
+                f"publisher write {'must' if name in entries else 'must not'} match {name}")
+    consumer = perms[CONSUMER_USER]
+    own = {f"{prefix}.due", f"{prefix}.parked"}
+    for kind in ("configure", "write", "read"):
+        for name in sorted(exchanges | queues):
+            require(allows(consumer[kind], name) == (name in own),
+                    f"consumer {kind} {'must' if name in own else 'must not'} match {name}")
+    topic = {(t["user"], t["exchange"]): t for t in defs.get("topic_permissions", [])}
+    due = topic.get((CONSUMER_USER, f"{prefix}.due"))
+    require(due and due["vhost"] == vhost, f"the consumer needs a topic permission on exchange {prefix}.due")
+    for key in ("", "#", "0.1", "0." * 21 + "1"):
+        require(not re.search(due["write"], key), f"the consumer may not publish to {prefix}.due (key {key!r})")
+    require(re.search(due["read"], "#"), f"the consumer must be able to bind {prefix}.due with '#'")
+    return f"vhost {vhost}; {PUBLISHER_USER}: write {len(entries)} entry exchanges; {CONSUMER_USER}: {', '.join(sorted(own))}"
 
 
 def normalize_sql(sql: str) -> str:
@@ -990,16 +1111,179 @@ def k8s_rabbitmq_cluster():
     readme = read_text(DEPLOY_README)
     require(f"kubectl create configmap {DEFINITIONS_CONFIGMAP} --from-file=definitions.json" in readme,
             f"deploy/README.md must document `kubectl create configmap {DEFINITIONS_CONFIGMAP} --from-file=definitions.json`")
-    # The users file: from the example Secret, it must let the consumer's URL in.
-    files = [(f"{k}/{n}:{s}", json.loads(secret_keys(n)[s])) for k, n, s in
-             (sources[p] for p in sorted(sources)) if k == "secret"]
-    require(files, "no users file is mounted: a blank node importing definitions creates no user")
-    user, password, host, vhost = amqp_credentials(secret_keys("order-expiry-secrets")["amqp-url"])
-    require(host.split(".")[0] == cluster["metadata"]["name"],
-            f"amqp-url host {host} is not the cluster's service {cluster['metadata']['name']}")
-    check_user_can_use(files, user, password, vhost)
-    order = [sources[p][0] for p in sorted(sources)]
-    return f"{load}/ <- {', '.join(Path(p).name for p in sorted(sources))} ({' then '.join(order)})"
+    # Import in mount-path order: definitions.json (ConfigMap) and the example
+    # Secret's users.json; the consumer's and the publisher's URLs must log in.
+    files = []
+    for path in sorted(sources):
+        kind, name, key = sources[path]
+        if kind == "configMap":
+            require(name == DEFINITIONS_CONFIGMAP, f"unexpected ConfigMap {name} in {load}")
+            files.append((f"{Path(path).name} (definitions.json)", definitions()))
+        else:
+            files.append((f"{Path(path).name} (secret {name})", json.loads(secret_keys(name)[key])))
+    require(any(k == "secret" for k, _, _ in sources.values()),
+            "no users file is mounted: a blank node importing definitions creates no user")
+    state = imported(files)
+    secrets = secret_keys("order-expiry-secrets")
+    config = k8s_one("ConfigMap", "order-expiry-config")["data"]
+    for key, expected in (("amqp-url", CONSUMER_USER), ("publisher-amqp-url", PUBLISHER_USER)):
+        require(key in secrets, f"secret order-expiry-secrets has no {key}")
+        user, password, host, vhost = amqp_credentials(secrets[key])
+        require(user == expected, f"{key} must use {expected}, not {user!r}")
+        require(host.split(".")[0] == cluster["metadata"]["name"],
+                f"{key} host {host} is not the cluster's service {cluster['metadata']['name']}")
+        perms = check_login(state, user, password, vhost)
+        if user == CONSUMER_USER:
+            check_consumer_capabilities(perms, topology_prefix(config), user)
+    return f"{load}/ <- {' then '.join(name for name, _ in files)}"
+
+
+# ---------------------------------------------------------------------------
+# Checks: observability (Grafana dashboard, README metrics catalog)
+# ---------------------------------------------------------------------------
+
+_METRIC_CALL = re.compile(r'metrics::(counter|gauge|histogram)!\(\s*"([a-z_:][a-z0-9_:]*)"')
+_METRIC_TABLE = re.compile(r'\(\s*"(order_expiry_[a-z0-9_]+)",\s*"(counter|gauge|histogram)",\s*"([a-z_,]*)",')
+
+
+@functools.cache
+def code_metrics() -> dict[str, str]:
+    """name -> kind of every metric the code records (metrics::counter!("...") etc.)."""
+    found: dict[str, str] = {}
+    for path in sorted(SRC.rglob("*.rs")):
+        for kind, name in _METRIC_CALL.findall(path.read_text(encoding="utf-8")):
+            require(found.get(name, kind) == kind, f"{name} is recorded as both {found.get(name)} and {kind}")
+            found[name] = kind
+    require(found, "no metrics:: calls found under src/")
+    return found
+
+
+@functools.cache
+def described_metrics() -> dict[str, tuple[str, set[str]]]:
+    """name -> (kind, labels) from telemetry::METRICS, the `# HELP` table."""
+    text = read_text(SRC / "telemetry.rs")
+    rows = _METRIC_TABLE.findall(text)
+    require(rows, "cannot find the METRICS table in src/telemetry.rs")
+    return {name: (kind, {l for l in labels.split(",") if l}) for name, kind, labels in rows}
+
+
+def readme_section(title: str) -> str:
+    text = read_text(README)
+    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    require(m, f"README.md has no '## {title}' section")
+    return m.group(1)
+
+
+@check("observability: README metrics catalog = metrics recorded in src/ = telemetry::METRICS")
+def metrics_catalog():
+    code, described = code_metrics(), described_metrics()
+    require(set(code) == set(described),
+            f"src/telemetry.rs METRICS and the code differ: only in code {sorted(set(code) - set(described))}, "
+            f"only in METRICS {sorted(set(described) - set(code))}")
+    for name, kind in code.items():
+        require(described[name][0] == kind, f"{name}: METRICS says {described[name][0]}, the code records a {kind}")
+    section = readme_section("Operations")
+    rows = re.findall(r"^\|\s*`(order_expiry_[a-z0-9_]+)`\s*\|\s*(\w+)\s*\|([^|]*)\|([^|]*)\|", section, re.M)
+    require(rows, "README Operations has no metrics catalog table (| `name` | type | labels | meaning |)")
+    catalog = {name: (kind, {l.strip(" `") for l in labels.split(",") if l.strip(" `-")}, meaning.strip())
+               for name, kind, labels, meaning in rows}
+    require(set(catalog) == set(code),
+            f"README catalog and the code differ: missing {sorted(set(code) - set(catalog))}, "
+            f"unknown {sorted(set(catalog) - set(code))}")
+    for name, (kind, labels, meaning) in catalog.items():
+        require(kind == code[name], f"README: {name} is a {code[name]}, not a {kind}")
+        require(labels == described[name][1], f"README: {name} labels {sorted(labels)} != {sorted(described[name][1])}")
+        require(meaning, f"README: {name} has no meaning")
+    return f"{len(catalog)} metrics"
+
+
+@check("observability: README Operations covers definitions, passwords, compose, Kubernetes, TLS, alerts")
+def readme_operations():
+    section = readme_section("Operations")
+    for needle, what in (
+        ("rabbitmqctl import_definitions", "importing definitions"),
+        ("rabbitmqctl change_password", "setting passwords"),
+        (PUBLISHER_USER, "the publisher user"),
+        (CONSUMER_USER, "the consumer user"),
+        ("docker compose", "deploying with compose"),
+        ("kubectl apply -k deploy/kubernetes", "deploying with Kubernetes"),
+        ("amqps://", "TLS"),
+        ("ORDER_EXPIRY__AMQP__TLS_CA_FILE", "the TLS CA setting"),
+        ("deploy/grafana/order-expiry.json", "the dashboard"),
+        ("/readyz", "readiness"),
+        ("order_expiry_lateness_seconds", "lateness alert"),
+        ("rabbitmq_queue_messages_ready", "due-queue depth alert"),
+        ("order_expiry_retries_total", "retries alert"),
+    ):
+        require(needle in section, f"README Operations does not cover {what} ({needle!r})")
+    require("(#operations)" in read_text(README), "README should link to #operations")
+    return "definitions, passwords, compose, Kubernetes, TLS, dashboard, alerts"
+
+
+def promql_metrics(expr: str) -> list[str]:
+    return re.findall(r"\b((?:order_expiry|rabbitmq)_[a-z0-9_]+)\b", expr)
+
+
+@check("observability: deploy/grafana/order-expiry.json parses and queries only metrics that exist")
+def grafana_dashboard():
+    try:
+        dashboard = json.loads(read_text(GRAFANA_DASHBOARD))
+    except json.JSONDecodeError as e:
+        raise CheckFailed(f"{rel(GRAFANA_DASHBOARD)} is not JSON: {e}") from e
+    require(dashboard.get("title") and dashboard.get("uid"), "dashboard needs a title and a uid")
+    require(isinstance(dashboard.get("schemaVersion"), int), "dashboard needs a schemaVersion")
+    variables = {v.get("name"): v for v in (dashboard.get("templating") or {}).get("list", [])}
+    require((variables.get("datasource") or {}).get("type") == "datasource"
+            and variables["datasource"].get("query") == "prometheus", "needs a Prometheus datasource variable")
+    for var in ("vhost", "prefix"):
+        require(var in variables, f"needs a ${var} variable")
+    require(variables["vhost"].get("query") == default_settings()["topology"]["vhost"], "$vhost defaults to topology.vhost")
+    require(variables["prefix"].get("query") == topology_prefix(), "$prefix defaults to topology.prefix")
+    panels = dashboard.get("panels")
+    require(isinstance(panels, list) and panels, "dashboard has no panels")
+    code, described = code_metrics(), described_metrics()
+    ids, exprs = set(), []
+    for panel in panels:
+        title = panel.get("title")
+        require(title and panel.get("type") in ("timeseries", "stat", "gauge", "bargauge", "table"),
+                f"panel {title!r}: needs a title and a known type")
+        require(panel.get("id") not in ids, f"panel {title!r}: duplicate id")
+        ids.add(panel.get("id"))
+        grid = panel.get("gridPos") or {}
+        require(all(isinstance(grid.get(k), int) for k in "hwxy"), f"panel {title!r}: gridPos needs h, w, x, y")
+        require((panel.get("datasource") or {}).get("uid") == "${datasource}", f"panel {title!r}: use the $datasource")
+        targets = panel.get("targets") or []
+        require(targets, f"panel {title!r} has no targets")
+        for target in targets:
+            expr = target.get("expr", "")
+            for open_, close in ("()", "[]", "{}"):
+                require(expr.count(open_) == expr.count(close), f"panel {title!r}: unbalanced {open_}{close} in {expr}")
+            names = promql_metrics(expr)
+            require(names, f"panel {title!r}: {expr!r} names no order_expiry_ or rabbitmq_ metric")
+            labels = {"le"}
+            for name in names:
+                if name.startswith("rabbitmq_"):
+                    require(name in RABBITMQ_PROMETHEUS_METRICS, f"panel {title!r}: {name} is not a rabbitmq_prometheus metric")
+                    labels |= {"vhost", "queue"}
+                    continue
+                base = re.sub(r"_(bucket|sum|count)$", "", name)
+                base = base if base != name and code.get(base) == "histogram" else name
+                require(base in code, f"panel {title!r}: {name} is not recorded by the code")
+                require(base == name or code[base] == "histogram", f"panel {title!r}: {name}")
+                labels |= described[base][1]
+            for group in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expr):
+                for label in (l.strip() for l in group.split(",") if l.strip()):
+                    require(label in labels, f"panel {title!r}: label {label!r} does not exist on {names}")
+            exprs.append(expr)
+    joined = "\n".join(exprs)
+    for needle, what in (
+        ("rate(order_expiry_messages_total", "outcomes per second"),
+        ("histogram_quantile(0.99, sum by (le) (rate(order_expiry_lateness_seconds_bucket", "lateness p99"),
+        ('rabbitmq_queue_messages_ready{vhost="$vhost", queue="$prefix.due"}', "due-queue depth"),
+        ('queue="$prefix.parked"', "parked count"),
+    ):
+        require(needle in joined, f"dashboard has no panel for {what} ({needle})")
+    return f"{len(panels)} panels, {len(exprs)} queries"
 
 
 # ---------------------------------------------------------------------------

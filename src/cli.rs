@@ -18,8 +18,8 @@ use crate::orders::PgOrderStore;
 use crate::scheduler::Scheduler;
 use crate::service::Service;
 use crate::settings::{LogFormat, Settings, redact_url};
-use crate::topology::{DEFAULT_VHOST, Topology};
-use crate::{broker, shutdown};
+use crate::topology::Topology;
+use crate::{broker, definitions, shutdown};
 
 /// Cancel unpaid orders on time with a RabbitMQ delay ladder.
 #[derive(Debug, Parser)]
@@ -79,11 +79,12 @@ pub struct ScheduleArgs {
 pub enum TopologyCommand {
     /// Declare every exchange, queue and binding on the broker (idempotent).
     Apply,
-    /// Print RabbitMQ definitions JSON for the current settings.
+    /// Print RabbitMQ definitions JSON for the current settings: the topology in
+    /// its own vhost and the least-privilege publisher and consumer users.
     Export {
-        /// Virtual host the definitions name.
-        #[arg(long, default_value = DEFAULT_VHOST)]
-        vhost: String,
+        /// Virtual host the definitions name [default: topology.vhost, "order-expiry"].
+        #[arg(long)]
+        vhost: Option<String>,
     },
 }
 
@@ -111,8 +112,9 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
         Command::Schedule(args) => schedule(args, &settings).await,
         Command::Topology(TopologyCommand::Apply) => topology_apply(&settings).await,
         Command::Topology(TopologyCommand::Export { vhost }) => {
-            let topology = Topology::describe(&settings.ladder()?, &settings.topology);
-            std::io::stdout().write_all(topology.to_definitions_string(&vhost).as_bytes())?;
+            let vhost = vhost.unwrap_or_else(|| settings.topology.vhost.clone());
+            let text = definitions::export_string(&settings.ladder()?, &settings.topology, &vhost);
+            std::io::stdout().write_all(text.as_bytes())?;
             Ok(())
         }
         Command::Migrate => {
@@ -124,7 +126,9 @@ pub async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
             eprintln!("orders table ready");
             Ok(())
         }
-        Command::Bench(BenchCommand::Lateness(args)) => bench::lateness::run(&settings, &args).await,
+        Command::Bench(BenchCommand::Lateness(args)) => {
+            bench::lateness::run(&settings, &args).await
+        }
         Command::Bench(BenchCommand::Throughput(args)) => {
             bench::throughput::run(&settings, &args).await
         }
@@ -160,7 +164,9 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
 
 async fn topology_apply(settings: &Settings) -> anyhow::Result<()> {
     let timeout = settings.amqp.timeout();
-    let connection = broker::connect(&settings.amqp.url, "order-expiry topology", timeout).await?;
+    let tls = broker::TlsFiles::from_settings(&settings.amqp);
+    let connection =
+        broker::connect_tls(&settings.amqp.url, &tls, "order-expiry topology", timeout).await?;
     let channel = connection.create_channel().await?;
     let topology = Topology::describe(&settings.ladder()?, &settings.topology);
     topology.apply(&channel, timeout).await?;

@@ -24,8 +24,9 @@ use thiserror::Error;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::time::DelayQueue;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
+use crate::acks::{AckTracker, Acks, State};
 use crate::broker::{self, Backoff, ConnectError};
 use crate::http::Readiness;
 use crate::ladder::{Ladder, LadderError};
@@ -137,22 +138,50 @@ pub async fn cancel_batch<S: OrderStore>(
 
 fn record(message: &ExpiryMessage, outcome: Outcome, now: DateTime<Utc>) {
     metrics::counter!("order_expiry_messages_total", "outcome" => outcome.label()).increment(1);
-    let lateness = (now - message.due_at)
+    if outcome == Outcome::Cancelled {
+        let lateness = lateness_secs(message, now);
+        metrics::histogram!("order_expiry_lateness_seconds").record(lateness);
+        if lateness < 0.0 {
+            metrics::counter!("order_expiry_early_total").increment(1);
+        }
+    }
+}
+
+fn lateness_secs(message: &ExpiryMessage, now: DateTime<Utc>) -> f64 {
+    (now - message.due_at)
         .num_microseconds()
         .unwrap_or(i64::MAX) as f64
-        / 1e6;
+        / 1e6
+}
+
+/// The span of one delivery, from arrival to ack: every event about it carries
+/// its order id (when it decodes) and, once known, its outcome.
+fn delivery_span(delivery: &Delivery, order_id: Option<&str>) -> tracing::Span {
+    let span = tracing::info_span!(
+        "delivery",
+        order_id = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        redelivered = delivery.redelivered,
+    );
+    if let Some(order_id) = order_id {
+        span.record("order_id", order_id);
+    }
+    span
+}
+
+/// Records the outcome on the delivery's span and logs it there.
+fn log_outcome(pending: &Pending, outcome: Outcome, now: DateTime<Utc>) {
+    pending.span.record("outcome", outcome.label());
+    let _entered = pending.span.enter();
     match outcome {
         Outcome::Cancelled => {
-            metrics::histogram!("order_expiry_lateness_seconds").record(lateness);
-            if lateness < 0.0 {
-                metrics::counter!("order_expiry_early_total").increment(1);
-            }
-            debug!(order_id = %message.order_id, outcome = outcome.label(), lateness_ms = lateness * 1e3, "handled");
+            debug!(
+                lateness_ms = lateness_secs(&pending.message, now) * 1e3,
+                "handled"
+            )
         }
-        Outcome::Unknown => {
-            info!(order_id = %message.order_id, outcome = outcome.label(), "due order does not exist")
-        }
-        _ => debug!(order_id = %message.order_id, outcome = outcome.label(), "handled"),
+        Outcome::Unknown => info!("due order does not exist"),
+        _ => debug!("handled"),
     }
 }
 
@@ -179,15 +208,21 @@ enum SessionError {
     Lost(String),
 }
 
-/// A delivery with its decoded message.
+/// A delivery with its decoded message and its span.
 struct Pending {
     delivery: Delivery,
     message: ExpiryMessage,
+    span: tracing::Span,
 }
 
 /// Work that runs concurrently with the delivery loop.
 enum Done {
     Handled,
+    /// A parked delivery was acked (singly, by the park work).
+    Parked(u64),
+    /// A batch was cancelled: its deliveries may be acked; each with what the
+    /// observer is told once it is.
+    Cancelled(Vec<(u64, Option<Handled>)>),
     /// The database failed: keep the deliveries, retry after a backoff.
     StoreFailed(Vec<Pending>, StoreError),
     /// The park publish was refused: keep the delivery, retry after a backoff.
@@ -268,7 +303,9 @@ impl<S: OrderStore> Consumer<S> {
 
     async fn open(&self) -> Result<(Connection, Channel, Channel), SessionError> {
         let timeout = self.amqp.timeout();
-        let connection = broker::connect(&self.amqp.url, "order-expiry consumer", timeout).await?;
+        let tls = broker::TlsFiles::from_settings(&self.amqp);
+        let connection =
+            broker::connect_tls(&self.amqp.url, &tls, "order-expiry consumer", timeout).await?;
         let channel = bounded("channel.open", timeout, connection.create_channel()).await?;
         Topology::consumer_part(&self.ladder)
             .apply(&channel, timeout)
@@ -309,9 +346,12 @@ impl<S: OrderStore> Consumer<S> {
         )
         .await?;
         self.readiness.set_consuming(true);
+        let consuming_since = Instant::now();
         info!(queue = %self.ladder.due_queue(), prefetch = self.settings.prefetch, "consuming");
 
         let mut held: DelayQueue<Pending> = DelayQueue::new();
+        // Unacked deliveries of this channel, acked with `multiple` where possible.
+        let mut acks: AckTracker<Handled> = AckTracker::default();
         let mut ready: VecDeque<Pending> = VecDeque::new();
         let mut in_flight: FuturesUnordered<BoxFuture<'static, Done>> = FuturesUnordered::new();
         let mut failed: Vec<Done> = Vec::new();
@@ -328,28 +368,52 @@ impl<S: OrderStore> Consumer<S> {
             while retry_at.is_none() && in_flight.len() < concurrency && !ready.is_empty() {
                 let n = ready.len().min(batch_max);
                 let batch: Vec<Pending> = ready.drain(..n).collect();
+                for p in &batch {
+                    acks.set(p.delivery.delivery_tag, State::InBatch, None);
+                }
                 in_flight.push(self.cancel_work(batch));
             }
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break Ok(()),
                 Some(done) = in_flight.next(), if !in_flight.is_empty() => match done {
-                    Done::Handled => {
+                    Done::Handled | Done::Parked(_) | Done::Cancelled(_) => {
                         if !connected_once {
                             connected_once = true;
                             backoff.reset();
                         }
                         retry_backoff.reset();
+                        match done {
+                            Done::Parked(tag) => acks.forget(tag),
+                            Done::Cancelled(handled) => {
+                                for (tag, h) in handled {
+                                    acks.set(tag, State::Done, h);
+                                }
+                            }
+                            _ => {}
+                        }
+                        if let Err(reason) = send_acks(&channel, acks.take(false), self.observer.as_ref(), timeout).await {
+                            break Err(SessionError::Lost(reason));
+                        }
                     }
                     Done::BrokerFailed(reason) => break Err(SessionError::Lost(reason)),
                     other => {
                         match &other {
-                            Done::StoreFailed(batch, e) => warn!(error = %e, orders = batch.len(), "database failed; will retry"),
+                            Done::StoreFailed(batch, e) => {
+                                warn!(error = %e, orders = batch.len(), "database failed; will retry");
+                                for p in batch {
+                                    acks.set(p.delivery.delivery_tag, State::Waiting, None);
+                                }
+                            }
                             Done::ParkFailed(_, _, why) => warn!(error = %why, "parking failed; will retry"),
                             _ => {}
                         }
                         metrics::counter!("order_expiry_retries_total").increment(1);
                         failed.push(other);
+                        // What finished behind the failed batch need not wait for its retry.
+                        if let Err(reason) = send_acks(&channel, acks.take(false), self.observer.as_ref(), timeout).await {
+                            break Err(SessionError::Lost(reason));
+                        }
                         if retry_at.is_none() {
                             retry_at = Some(Instant::now() + retry_backoff.next_delay());
                         }
@@ -367,7 +431,7 @@ impl<S: OrderStore> Consumer<S> {
                             Done::ParkFailed(delivery, reason, _) => {
                                 in_flight.push(park_work(parking.clone(), self.ladder.parked_exchange(), *delivery, reason, timeout, self.observer.clone()));
                             }
-                            Done::Handled | Done::BrokerFailed(_) => {}
+                            Done::Handled | Done::Parked(_) | Done::Cancelled(_) | Done::BrokerFailed(_) => {}
                         }
                     }
                 }
@@ -383,12 +447,18 @@ impl<S: OrderStore> Consumer<S> {
                     None => break Err(SessionError::Lost("the broker ended the consumer".into())),
                     Some(Err(e)) => break Err(SessionError::Broker(e)),
                     Some(Ok(delivery)) => {
+                        acks.received(delivery.delivery_tag);
                         let content_type = delivery.properties.content_type().as_ref().map(|c| c.as_str().to_owned());
                         match on_arrival(&delivery.data, content_type.as_deref(), Utc::now(), &self.settings) {
-                            Arrival::Due(message) => ready.push_back(Pending { delivery, message }),
+                            Arrival::Due(message) => {
+                                let span = delivery_span(&delivery, Some(&message.order_id));
+                                ready.push_back(Pending { delivery, message, span })
+                            }
                             Arrival::Hold(message, early) => {
                                 metrics::counter!("order_expiry_held_total").increment(1);
-                                held.insert(Pending { delivery, message }, early);
+                                let span = delivery_span(&delivery, Some(&message.order_id));
+                                span.in_scope(|| debug!(early_ms = early.as_millis() as u64, "held until due_at"));
+                                held.insert(Pending { delivery, message, span }, early);
                             }
                             Arrival::Park(reason) => {
                                 in_flight.push(park_work(parking.clone(), self.ladder.parked_exchange(), delivery, reason, timeout, self.observer.clone()));
@@ -398,6 +468,16 @@ impl<S: OrderStore> Consumer<S> {
                 },
             }
         };
+
+        // Not ready from now on, however long the clean-up below takes on a dead link.
+        self.readiness.set_consuming(false);
+        if end.is_err()
+            && consuming_since.elapsed() >= Duration::from_millis(self.amqp.reconnect_max_ms)
+        {
+            // A session healthy for longer than the longest delay: its end is a new
+            // incident, so reconnecting starts again from the shortest delay.
+            backoff.reset();
+        }
 
         // Stop taking deliveries, finish what is in flight (bounded), release the rest.
         let _ = tokio::time::timeout(
@@ -409,12 +489,25 @@ impl<S: OrderStore> Consumer<S> {
             let drain = Duration::from_millis(self.settings.drain_timeout_ms);
             let finished = tokio::time::timeout(drain, async {
                 while let Some(done) = in_flight.next().await {
-                    failed.push(done);
+                    match done {
+                        Done::Parked(tag) => acks.forget(tag),
+                        Done::Cancelled(handled) => {
+                            for (tag, h) in handled {
+                                acks.set(tag, State::Done, h);
+                            }
+                        }
+                        other => failed.push(other),
+                    }
                 }
             })
             .await;
             if finished.is_err() {
                 warn!(?drain, "drain timeout: releasing unfinished deliveries");
+            }
+            if let Err(reason) =
+                send_acks(&channel, acks.take(true), self.observer.as_ref(), timeout).await
+            {
+                warn!(error = %reason, "acks at shutdown failed; those deliveries come back");
             }
             // Closing the channel returns every unacked delivery to the queue:
             // held, ready and failed ones come back to the next consumer.
@@ -438,30 +531,69 @@ impl<S: OrderStore> Consumer<S> {
 
     fn cancel_work(&self, batch: Vec<Pending>) -> BoxFuture<'static, Done> {
         let store = Arc::clone(&self.store);
-        let observer = self.observer.clone();
+        let observed = self.observer.is_some();
         async move {
             let messages: Vec<&ExpiryMessage> = batch.iter().map(|p| &p.message).collect();
             let result = cancel_batch(store.as_ref(), &messages).await;
             match result {
                 Err(e) => Done::StoreFailed(batch, e),
                 Ok(outcomes) => {
-                    let done = ack_all(batch.iter().map(|p| &p.delivery)).await;
-                    if let (Done::Handled, Some(observer)) = (&done, observer) {
-                        let at = Utc::now();
-                        for (p, outcome) in batch.iter().zip(outcomes) {
-                            let _ = observer.send(Handled {
-                                order_id: Some(p.message.order_id.clone()),
-                                outcome,
-                                at,
-                            });
-                        }
+                    let now = Utc::now();
+                    for (p, outcome) in batch.iter().zip(&outcomes) {
+                        log_outcome(p, *outcome, now);
                     }
-                    done
+                    // The session acks them, with `multiple` where it can.
+                    let handled = batch.iter().zip(outcomes).map(|(p, outcome)| {
+                        let handled = observed.then(|| Handled {
+                            order_id: Some(p.message.order_id.clone()),
+                            outcome,
+                            at: now,
+                        });
+                        (p.delivery.delivery_tag, handled)
+                    });
+                    Done::Cancelled(handled.collect())
                 }
             }
         }
         .boxed()
     }
+}
+
+/// Sends the acks the tracker allows now (one `multiple` ack for the finished
+/// front of the window, single ones behind a held delivery), then tells the
+/// observer about each delivery they covered.
+async fn send_acks(
+    channel: &Channel,
+    acks: Acks<Handled>,
+    observer: Option<&Observer>,
+    timeout: Duration,
+) -> Result<(), String> {
+    let sent = tokio::time::timeout(timeout, async {
+        if let Some(tag) = acks.multiple_upto {
+            channel
+                .basic_ack(tag, BasicAckOptions { multiple: true })
+                .await?;
+        }
+        let singles = acks
+            .single
+            .iter()
+            .map(|tag| channel.basic_ack(*tag, BasicAckOptions::default()));
+        futures::future::try_join_all(singles).await.map(drop)
+    })
+    .await;
+    match sent {
+        Err(_) => return Err(format!("acks not sent within {timeout:?}")),
+        Ok(Err(e)) => return Err(format!("ack failed: {e}")),
+        Ok(Ok(())) => {}
+    }
+    if let Some(observer) = observer {
+        let at = Utc::now();
+        for mut handled in acks.payloads {
+            handled.at = at;
+            let _ = observer.send(handled);
+        }
+    }
+    Ok(())
 }
 
 async fn ack_all<'a>(deliveries: impl Iterator<Item = &'a Delivery>) -> Done {
@@ -484,6 +616,7 @@ fn park_work(
     timeout: Duration,
     observer: Option<Observer>,
 ) -> BoxFuture<'static, Done> {
+    let span = delivery_span(&delivery, None);
     async move {
         warn!(reason = %reason, size = delivery.data.len(), "parking message");
         let mut headers = delivery
@@ -524,6 +657,8 @@ fn park_work(
             Ok(Ok(Confirmation::Ack(None))) => {
                 metrics::counter!("order_expiry_messages_total", "outcome" => Outcome::Parked.label()).increment(1);
                 metrics::counter!("order_expiry_parked_total").increment(1);
+                tracing::Span::current().record("outcome", Outcome::Parked.label());
+                debug!("handled");
                 let done = ack_all(std::iter::once(&delivery)).await;
                 if let (Done::Handled, Some(observer)) = (&done, observer) {
                     let _ = observer.send(Handled {
@@ -532,7 +667,10 @@ fn park_work(
                         at: Utc::now(),
                     });
                 }
-                done
+                match done {
+                    Done::Handled => Done::Parked(delivery.delivery_tag),
+                    other => other,
+                }
             }
             Ok(Ok(Confirmation::Ack(Some(r)))) => {
                 let why = format!("parked exchange {exchange} did not route ({} {})", r.reply_code, r.reply_text);
@@ -543,6 +681,7 @@ fn park_work(
             Err(_) => Done::ParkFailed(Box::new(delivery), reason, format!("no confirm within {timeout:?}")),
         }
     }
+    .instrument(span)
     .boxed()
 }
 

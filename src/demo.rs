@@ -175,8 +175,9 @@ pub async fn run(
 
 async fn apply_topology(settings: &Settings) -> Result<(), DemoError> {
     let timeout = settings.amqp.timeout();
+    let tls = crate::broker::TlsFiles::from_settings(&settings.amqp);
     let connection =
-        crate::broker::connect(&settings.amqp.url, "order-expiry demo", timeout).await?;
+        crate::broker::connect_tls(&settings.amqp.url, &tls, "order-expiry demo", timeout).await?;
     let channel = connection.create_channel().await?;
     Topology::describe(&settings.ladder()?, &settings.topology)
         .apply(&channel, timeout)

@@ -25,6 +25,7 @@ impl Readiness {
     /// cleared when the connection drops or the consumer stops.
     pub fn set_consuming(&self, consuming: bool) {
         self.consuming.store(consuming, Ordering::SeqCst);
+        metrics::gauge!("order_expiry_consuming").set(if consuming { 1.0 } else { 0.0 });
     }
 
     /// Whether the consumer is consuming now.

@@ -10,10 +10,13 @@
 //! - [`ladder`]: delay → entry exchange and routing key; level names. Pure.
 //! - [`message`]: the v1 wire format: encode, decode, validate. Pure.
 //! - [`topology`]: one description of exchanges, queues, bindings; declare or export.
+//! - [`definitions`]: what ops import: the topology in its own vhost plus least-privilege users.
 //! - [`scheduler`]: the publisher library (confirms, mandatory, typed errors).
 //! - [`consumer`]: delivery loop: hold until due, batch, ack / park / retry.
+//! - [`acks`]: which deliveries to ack, one `multiple` ack per finished run. Pure.
 //! - [`orders`]: the [`OrderStore`] trait and its PostgreSQL implementation.
-//! - [`service`]: consumer + HTTP, built once for `main` and tests.
+//! - [`service`]: consumer + sweeper + HTTP, built once for `main` and tests.
+//! - [`sweeper`]: safety net: periodically cancels unpaid orders long overdue.
 //! - [`http`]: `/healthz`, `/readyz`, `/metrics`.
 //! - [`cli`]: the `order-expiry` commands.
 //! - [`broker`]: bounded, password-safe connect; backoff.
@@ -26,10 +29,12 @@
 #![deny(unsafe_code)]
 #![warn(missing_debug_implementations, unreachable_pub, missing_docs)]
 
+pub mod acks;
 pub mod bench;
 pub mod broker;
 pub mod cli;
 pub mod consumer;
+pub mod definitions;
 pub mod demo;
 pub mod http;
 pub mod ladder;
@@ -39,6 +44,7 @@ pub mod scheduler;
 pub mod service;
 pub mod settings;
 pub mod shutdown;
+pub mod sweeper;
 pub mod telemetry;
 pub mod topology;
 

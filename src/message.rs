@@ -4,7 +4,7 @@
 //! is a [`Malformed`] whose text becomes the `x-parked-reason` header, so a person
 //! reading the parked queue knows exactly what was wrong.
 
-use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
+use chrono::{DateTime, Datelike, SecondsFormat, TimeDelta, Utc};
 use serde_json::{Map, Value};
 use thiserror::Error;
 
@@ -138,13 +138,20 @@ impl ExpiryMessage {
     }
 
     /// The JSON body.
+    ///
+    /// Written directly rather than through a `serde_json::Value` (keys in the
+    /// same sorted order, the same escaping): the publisher encodes every order,
+    /// and building the map cost a sixth of its instructions per message.
     pub fn encode(&self) -> Vec<u8> {
-        let body = serde_json::json!({
-            "v": VERSION,
-            "order_id": self.order_id,
-            "due_at": self.due_at.to_rfc3339_opts(SecondsFormat::Millis, true),
-        });
-        body.to_string().into_bytes()
+        let due_at = self.due_at.to_rfc3339_opts(SecondsFormat::Millis, true);
+        let mut body = Vec::with_capacity(48 + due_at.len() + self.order_id.len());
+        body.extend_from_slice(b"{\"due_at\":\"");
+        body.extend_from_slice(due_at.as_bytes());
+        body.extend_from_slice(b"\",\"order_id\":");
+        // Writing a `&str` or a number into a `Vec` cannot fail.
+        let _ = serde_json::to_writer(&mut body, &self.order_id);
+        let _ = std::io::Write::write_fmt(&mut body, format_args!(",\"v\":{VERSION}}}"));
+        body
     }
 
     /// Parses and validates a body. `content_type` is the AMQP property; a missing
@@ -185,6 +192,15 @@ impl ExpiryMessage {
                 error: e.to_string(),
             })?
             .with_timezone(&Utc);
+        // RFC 3339 has four-digit years; an offset (or rounding up to the
+        // millisecond) can push a time at either end out of them in UTC, and such
+        // a due time could not be written back.
+        if !(0..=9999).contains(&ceil_to_millis(due_at).year()) {
+            return Err(Malformed::DueAt {
+                value: due_at_text.chars().take(64).collect(),
+                error: "outside the years 0000-9999 in UTC".to_owned(),
+            });
+        }
         Ok(Self {
             order_id: order_id.to_owned(),
             due_at,
@@ -242,6 +258,22 @@ mod tests {
             text,
             r#"{"due_at":"2026-11-30T10:00:00.500Z","order_id":"A-1","v":1}"#
         );
+    }
+
+    #[test]
+    fn direct_encoding_equals_the_serde_json_value_encoding() {
+        for id in ["A-1", "q\"uote\\back", "ü-ß-€-😀", "</script>"] {
+            let msg = ExpiryMessage::new(id, at("2026-11-30T10:00:00.5Z")).unwrap();
+            let via_value = serde_json::json!({
+                "v": VERSION,
+                "order_id": msg.order_id,
+                "due_at": msg.due_at.to_rfc3339_opts(SecondsFormat::Millis, true),
+            });
+            assert_eq!(
+                String::from_utf8(msg.encode()).unwrap(),
+                via_value.to_string()
+            );
+        }
     }
 
     #[test]
@@ -322,6 +354,24 @@ mod tests {
             let err = decode(body).expect_err(reason).to_string();
             assert!(err.contains(reason), "{err:?} should contain {reason:?}");
         }
+    }
+
+    #[test]
+    fn a_due_at_outside_rfc_3339_years_in_utc_is_refused() {
+        // Found by the fuzzer: valid input whose UTC form has a five-digit or
+        // negative year, which encode() would write and decode() refuse.
+        for due_at in [
+            "9999-12-31T23:59:59-01:00",
+            "0000-01-01T00:00:00+01:00",
+            "9999-12-31T23:59:59.9999Z",
+        ] {
+            let body = format!(r#"{{"v":1,"order_id":"x","due_at":"{due_at}"}}"#);
+            let err = decode(body.as_bytes()).unwrap_err().to_string();
+            assert!(err.contains("outside the years 0000-9999"), "{err}");
+        }
+        let edge = decode(br#"{"v":1,"order_id":"x","due_at":"9999-12-31T23:59:59+01:00"}"#);
+        let edge = edge.unwrap();
+        assert_eq!(decode(&edge.encode()).unwrap(), edge);
     }
 
     #[test]

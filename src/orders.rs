@@ -13,7 +13,7 @@ use secrecy::ExposeSecret;
 use thiserror::Error;
 use tokio_postgres::NoTls;
 
-use crate::settings::DatabaseSettings;
+use crate::settings::{DatabaseSettings, scrub_url};
 
 /// The default table, as in the public contract. `migrate` runs it.
 pub const SCHEMA_SQL: &str = "CREATE TABLE IF NOT EXISTS orders (
@@ -203,11 +203,11 @@ pub fn dispositions(
 }
 
 fn pool(settings: &DatabaseSettings) -> Result<Pool, StoreError> {
-    let mut config: tokio_postgres::Config = settings
-        .url
-        .expose_secret()
-        .parse()
-        .map_err(|e: tokio_postgres::Error| StoreError::Url(e.to_string()))?;
+    // Parse errors may quote the URL: scrub the password out of them.
+    let invalid =
+        |e: tokio_postgres::Error| StoreError::Url(scrub_url(&e.to_string(), &settings.url));
+    let mut config: tokio_postgres::Config =
+        settings.url.expose_secret().parse().map_err(invalid)?;
     let timeout_opt = format!("-c statement_timeout={}", settings.statement_timeout_ms);
     let options = match config.get_options() {
         Some(existing) => format!("{existing} {timeout_opt}"),

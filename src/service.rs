@@ -1,5 +1,5 @@
-//! The consumer service: consumer loop plus HTTP endpoint, built once and run until
-//! a shutdown token fires. `main` and the integration tests share this constructor.
+//! The consumer service: consumer loop, safety-net sweeper and HTTP endpoint, built
+//! once and run until a shutdown token fires. `main` and the integration tests share this constructor.
 
 use std::sync::Arc;
 
@@ -13,6 +13,7 @@ use crate::consumer::{Consumer, ConsumerError};
 use crate::http::{self, DbCheck, Readiness};
 use crate::orders::{OrderStore, PgOrderStore, StoreError};
 use crate::settings::Settings;
+use crate::sweeper::Sweeper;
 use crate::telemetry;
 
 /// The service could not be built.
@@ -38,6 +39,7 @@ pub enum ServiceError {
 #[derive(Debug)]
 pub struct Service {
     consumer: Consumer<PgOrderStore>,
+    sweeper: Option<Sweeper>,
     listener: TcpListener,
     router: axum::Router,
     readiness: Arc<Readiness>,
@@ -50,6 +52,10 @@ impl Service {
         let store = Arc::new(PgOrderStore::new(&settings.database)?);
         let readiness = Arc::new(Readiness::default());
         let consumer = Consumer::new(settings, Arc::clone(&store), Arc::clone(&readiness))?;
+        let sweeper = settings
+            .sweeper
+            .enabled
+            .then(|| Sweeper::new(&settings.sweeper, Arc::clone(&store)));
         let listener = TcpListener::bind(&settings.http.listen)
             .await
             .map_err(|source| ServiceError::Listen {
@@ -67,6 +73,7 @@ impl Service {
         );
         Ok(Self {
             consumer,
+            sweeper,
             listener,
             router,
             readiness,
@@ -83,15 +90,23 @@ impl Service {
         Arc::clone(&self.readiness)
     }
 
-    /// Runs until `shutdown` is cancelled: the consumer drains first, then the
-    /// HTTP endpoint stops.
+    /// Runs until `shutdown` is cancelled: the consumer drains and the sweeper
+    /// stops, then the HTTP endpoint stops.
     pub async fn run(self, shutdown: CancellationToken) {
         if let Ok(addr) = self.listener.local_addr() {
             info!(%addr, "http endpoint listening");
         }
         let http_stop = CancellationToken::new();
         let http = tokio::spawn(http::serve(self.listener, self.router, http_stop.clone()));
+        let sweep_stop = shutdown.child_token();
+        let sweeper = self
+            .sweeper
+            .map(|s| tokio::spawn(s.run(sweep_stop.clone())));
         self.consumer.run(shutdown).await;
+        sweep_stop.cancel();
+        if let Some(sweeper) = sweeper {
+            let _ = sweeper.await;
+        }
         http_stop.cancel();
         if let Ok(Err(e)) = http.await {
             tracing::warn!(error = %e, "http endpoint failed");

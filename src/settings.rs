@@ -4,7 +4,7 @@
 //! URLs carry passwords, so they are [`SecretString`]s: `Debug` prints
 //! `[REDACTED]`, and [`redact_url`] gives a loggable form.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use config::{Config, Environment, File, FileFormat};
@@ -32,6 +32,8 @@ pub struct Settings {
     pub consumer: ConsumerSettings,
     /// The orders database.
     pub database: DatabaseSettings,
+    /// The safety-net sweep of overdue unpaid orders.
+    pub sweeper: SweeperSettings,
     /// Health and metrics endpoint.
     pub http: HttpSettings,
     /// Logging.
@@ -49,6 +51,18 @@ pub struct AmqpSettings {
     pub reconnect_initial_ms: u64,
     /// Longest reconnect delay.
     pub reconnect_max_ms: u64,
+    /// PEM file of the CA certificate(s) that sign the broker's certificate, for
+    /// `amqps://` with a private CA; the system roots are trusted as well. Read
+    /// on every (re)connect, so a rotated file is picked up without a restart.
+    #[serde(default)]
+    pub tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate (chain), for brokers that require one; needs
+    /// [`Self::tls_key_file`].
+    #[serde(default)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1, unencrypted) of [`Self::tls_cert_file`].
+    #[serde(default)]
+    pub tls_key_file: Option<PathBuf>,
 }
 
 /// Holding queues are quorum or classic queues.
@@ -66,6 +80,9 @@ pub enum QueueType {
 pub struct TopologySettings {
     /// Start of every exchange and queue name.
     pub prefix: String,
+    /// The vhost `topology export` puts the definitions in. Connections use the
+    /// vhost of `amqp.url` instead (the dev default is `/`, where `guest` works).
+    pub vhost: String,
     /// Number of ladder levels.
     pub levels: u8,
     /// Type of the holding queues.
@@ -79,6 +96,9 @@ pub struct TopologySettings {
 pub struct PublisherSettings {
     /// Unconfirmed publishes `schedule_many` keeps in flight.
     pub max_in_flight: usize,
+    /// The ladder delivers up to this much before `due_at` (plus the sub-second
+    /// remainder); the consumer holds the message until `due_at`.
+    pub lead_ms: u64,
 }
 
 /// The consumer service.
@@ -115,6 +135,35 @@ pub struct DatabaseSettings {
     pub cancel_sql: String,
     /// Which ids of `$1` exist.
     pub exists_sql: String,
+}
+
+/// The safety-net sweeper: cancels unpaid orders long past their deadline whose
+/// schedule never reached the broker.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SweeperSettings {
+    /// Whether `serve` runs it.
+    pub enabled: bool,
+    /// Time between sweeps, ms.
+    pub interval_ms: u64,
+    /// How long past `pay_deadline` an order must be before it is swept, ms.
+    pub grace_ms: u64,
+    /// Most orders per sweep statement.
+    pub batch_max: u32,
+    /// Atomic cancel of up to `$2` (bigint) unpaid orders older than `now() - $1`
+    /// seconds (float8), returning the cancelled ids.
+    pub sweep_sql: String,
+}
+
+impl SweeperSettings {
+    /// [`Self::interval_ms`] as a `Duration`, at least 1 ms.
+    pub fn interval(&self) -> Duration {
+        Duration::from_millis(self.interval_ms.max(1))
+    }
+
+    /// [`Self::grace_ms`] in seconds, the unit of the statement's `$1`.
+    pub fn grace_secs(&self) -> f64 {
+        self.grace_ms as f64 / 1000.0
+    }
 }
 
 /// The HTTP endpoint.
@@ -203,9 +252,88 @@ pub fn redact_url(url: &SecretString) -> String {
     }
 }
 
+/// `text` with `url` and its password (as written and percent-decoded) replaced
+/// by `***`: for third-party error messages that may quote what they were given.
+pub fn scrub_url(text: &str, url: &SecretString) -> String {
+    let raw = url.expose_secret();
+    if raw.is_empty() {
+        return text.to_owned();
+    }
+    let mut out = text.replace(raw, &redact_url(url));
+    let password = raw
+        .split_once("://")
+        .map(|(_, rest)| rest.split('/').next().unwrap_or(rest))
+        .and_then(|authority| authority.rsplit_once('@'))
+        .and_then(|(userinfo, _)| userinfo.split_once(':'))
+        .map(|(_, password)| password);
+    if let Some(password) = password.filter(|p| !p.is_empty()) {
+        out = out.replace(password, "***");
+        let decoded = percent_decode(password);
+        if !decoded.is_empty() {
+            out = out.replace(&decoded, "***");
+        }
+    }
+    out
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scrubbing_removes_the_url_and_its_password_in_both_spellings() {
+        let url = SecretString::from("amqp://app:s%40cret-pw@rabbit:5672/vh");
+        let text = "failed: amqp://app:s%40cret-pw@rabbit:5672/vh; pw s%40cret-pw or s@cret-pw";
+        let scrubbed = scrub_url(text, &url);
+        assert!(!scrubbed.contains("cret-pw"), "{scrubbed}");
+        assert!(
+            scrubbed.contains("amqp://app:***@rabbit:5672/vh"),
+            "{scrubbed}"
+        );
+        let opaque = SecretString::from("amqp:app:hunter2@rabbit");
+        assert_eq!(
+            scrub_url("Invalid URL: 'amqp:app:hunter2@rabbit'", &opaque),
+            "Invalid URL: '***'"
+        );
+    }
+
+    #[test]
+    fn tls_files_come_from_the_environment() {
+        let env = Environment::with_prefix(ENV_PREFIX).source(Some(
+            [(
+                "ORDER_EXPIRY__AMQP__TLS_CA_FILE".to_owned(),
+                "/etc/tls/ca.pem".to_owned(),
+            )]
+            .into(),
+        ));
+        let s = Settings::load_with(None, env).unwrap();
+        assert_eq!(s.amqp.tls_ca_file, Some(PathBuf::from("/etc/tls/ca.pem")));
+        assert_eq!(s.amqp.tls_cert_file, None);
+        assert_eq!(s.topology.vhost, crate::topology::DEFAULT_VHOST);
+    }
 
     #[test]
     fn defaults_load_and_reach_local_services() {
@@ -214,6 +342,33 @@ mod tests {
         assert_eq!(s.topology.queue_type, QueueType::Quorum);
         assert!(s.amqp.url.expose_secret().contains("127.0.0.1:5672"));
         assert!(s.ladder().unwrap().max_delay_secs() >= 30 * 24 * 3600);
+        assert!(s.sweeper.enabled);
+        assert!(s.sweeper.grace_ms >= 60_000, "the ladder gets time first");
+        assert!(
+            s.sweeper
+                .sweep_sql
+                .contains("status = 'unpaid' RETURNING id")
+        );
+    }
+
+    #[test]
+    fn sweeper_can_be_turned_off_and_grace_is_in_seconds() {
+        let env = Environment::with_prefix(ENV_PREFIX).source(Some(
+            [
+                (
+                    "ORDER_EXPIRY__SWEEPER__ENABLED".to_owned(),
+                    "false".to_owned(),
+                ),
+                (
+                    "ORDER_EXPIRY__SWEEPER__GRACE_MS".to_owned(),
+                    "1500".to_owned(),
+                ),
+            ]
+            .into(),
+        ));
+        let s = Settings::load_with(None, env).unwrap();
+        assert!(!s.sweeper.enabled);
+        assert_eq!(s.sweeper.grace_secs(), 1.5);
     }
 
     #[test]

@@ -16,8 +16,10 @@ use thiserror::Error;
 use crate::ladder::Ladder;
 use crate::settings::{QueueType, TopologySettings};
 
-/// The vhost the exported definitions name when the caller does not pick one.
-pub const DEFAULT_VHOST: &str = "/";
+/// The vhost of the exported definitions by default (`topology.vhost` in
+/// `config/default.toml`): a vhost of its own, so the users' permissions cover
+/// nothing else on a shared broker.
+pub const DEFAULT_VHOST: &str = "order-expiry";
 
 /// A queue or exchange argument: RabbitMQ arguments here are strings or integers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -409,6 +411,7 @@ mod tests {
     fn settings(queue_type: QueueType) -> TopologySettings {
         TopologySettings {
             prefix: "orders".to_owned(),
+            vhost: DEFAULT_VHOST.to_owned(),
             levels: 4,
             queue_type,
             max_length: 0,

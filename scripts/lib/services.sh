@@ -67,7 +67,13 @@ ensure_rabbitmq_features() {
   rabbitmqctl enable_feature_flag all >/dev/null 2>&1 || true
 }
 
+ensure_tools() {
+  # The TLS tests generate their CA and certificates with the openssl CLI.
+  command -v openssl >/dev/null || apt_install openssl
+}
+
 ensure_services() {
+  ensure_tools
   ensure_postgres
   ensure_postgres_access
   ensure_rabbitmq

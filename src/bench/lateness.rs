@@ -122,14 +122,22 @@ pub async fn run(settings: &Settings, args: &LatenessArgs) -> anyhow::Result<()>
     std::fs::create_dir_all(&args.out_dir)?;
     let json = args.out_dir.join("lateness.json");
     let mut value = serde_json::to_value(&report)?;
-    for (row, out) in report.rows.iter().zip(value["rows"].as_array_mut().into_iter().flatten()) {
+    for (row, out) in report
+        .rows
+        .iter()
+        .zip(value["rows"].as_array_mut().into_iter().flatten())
+    {
         out["lateness_ms_sorted"] = serde_json::json!(row.lateness_ms);
     }
     std::fs::write(&json, serde_json::to_string_pretty(&value)?)?;
     let svg = args.out_dir.join("lateness.svg");
     plot::lateness_cdf(&report, &svg)?;
     println!("wrote {} and {}", json.display(), svg.display());
-    if report.rows.first().is_some_and(|r| r.early > 0 || r.missed > 0) {
+    if report
+        .rows
+        .first()
+        .is_some_and(|r| r.early > 0 || r.missed > 0)
+    {
         anyhow::bail!("the ladder cancelled early or missed orders");
     }
     Ok(())
@@ -165,7 +173,9 @@ async fn measure_in(world: &BenchWorld, args: &LatenessArgs) -> anyhow::Result<R
     let scheduler = Scheduler::from_settings(&world.settings)?;
     scheduler.connect().await?;
     let naive_channel = world.connection.create_channel().await?;
-    naive_channel.confirm_select(ConfirmSelectOptions::default()).await?;
+    naive_channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
 
     // Publish in 10 ms ticks at the requested rate.
     let tick = Duration::from_millis(10);
@@ -198,8 +208,11 @@ async fn measure_in(world: &BenchWorld, args: &LatenessArgs) -> anyhow::Result<R
                 }
             }
         }
-        let ladder: Vec<(String, DateTime<Utc>)> =
-            rows.iter().filter(|(id, _)| id.starts_with('L')).cloned().collect();
+        let ladder: Vec<(String, DateTime<Utc>)> = rows
+            .iter()
+            .filter(|(id, _)| id.starts_with('L'))
+            .cloned()
+            .collect();
         for result in scheduler.schedule_many(ladder).await {
             result.context("scheduling on the ladder")?;
         }
@@ -396,7 +409,12 @@ fn fmt_ms(ms: f64) -> String {
 
 impl Row {
     /// Figures from every cancelled order's lateness.
-    pub fn from_lateness(design: &str, orders: usize, missed: usize, mut lateness_ms: Vec<f64>) -> Self {
+    pub fn from_lateness(
+        design: &str,
+        orders: usize,
+        missed: usize,
+        mut lateness_ms: Vec<f64>,
+    ) -> Self {
         lateness_ms.sort_by(f64::total_cmp);
         Self {
             design: design.to_owned(),

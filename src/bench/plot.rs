@@ -51,7 +51,9 @@ pub fn lateness_cdf(report: &Report, path: &Path) -> anyhow::Result<()> {
             .draw_series(LineSeries::new(points, colour.stroke_width(2)))
             .map_err(plot_error)?
             .label(label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
+            });
     }
     chart
         .configure_series_labels()

@@ -46,8 +46,12 @@ impl BenchWorld {
         settings.database.url = with_search_path(&settings.database.url, &schema);
         let store = Arc::new(PgOrderStore::new(&settings.database)?);
         store.migrate().await?;
-        let connection =
-            crate::broker::connect(&settings.amqp.url, "order-expiry bench", settings.amqp.timeout()).await?;
+        let connection = crate::broker::connect(
+            &settings.amqp.url,
+            "order-expiry bench",
+            settings.amqp.timeout(),
+        )
+        .await?;
         let channel = connection.create_channel().await?;
         Topology::describe(&settings.ladder()?, &settings.topology)
             .apply(&channel, settings.amqp.timeout())
@@ -116,14 +120,21 @@ impl BenchWorld {
             )
             .await?
             .try_get(0)?;
-        Ok(Row::from_lateness(design, orders, missed as usize, lateness))
+        Ok(Row::from_lateness(
+            design,
+            orders,
+            missed as usize,
+            lateness,
+        ))
     }
 
     /// Deletes every queue and exchange of this run (naive ones too) and the schema.
     pub async fn destroy(self) {
         let naive = self.naive_settings();
         for settings in [&self.settings, &naive] {
-            let Ok(ladder) = settings.ladder() else { continue };
+            let Ok(ladder) = settings.ladder() else {
+                continue;
+            };
             let topology = Topology::describe(&ladder, &settings.topology);
             for q in topology
                 .queues

@@ -1,16 +1,27 @@
-//! `definitions.json` is the export of the default settings, and it works when
-//! imported into a real broker.
+//! `definitions.json` is the export of the default settings, and imported into
+//! the real broker its two users can do their job and nothing more: the
+//! publisher schedules but cannot consume, declare or delete; the consumer
+//! re-declares its part, consumes, parks, but cannot publish into the ladder.
+//! No AMQP connection here uses `guest`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::TimeDelta;
-use lapin::Connection;
-use lapin::options::BasicGetOptions;
-use order_expiry::topology::{DEFAULT_VHOST, Topology};
-use order_expiry::{ExpiryMessage, Scheduler, Settings};
+use lapin::options::{
+    BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Channel, Connection};
+use order_expiry::consumer::Outcome;
+use order_expiry::definitions::{self, CONSUMER_USER, PUBLISHER_USER};
+use order_expiry::http::Readiness;
+use order_expiry::{Consumer, Scheduler, Settings};
 use secrecy::SecretString;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 
-use crate::helpers::{amqp_url, at_ms, rabbitmqctl};
+use crate::helpers::{at_ms, drop_schema, isolated_store, rabbitmqctl};
 
 fn repo_definitions() -> String {
     std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/definitions.json"))
@@ -20,8 +31,11 @@ fn repo_definitions() -> String {
 #[test]
 fn definitions_json_matches_the_export_of_the_default_settings() {
     let settings = Settings::load_without_env(None).unwrap();
-    let expected = Topology::describe(&settings.ladder().unwrap(), &settings.topology)
-        .to_definitions_string(DEFAULT_VHOST);
+    let expected = definitions::export_string(
+        &settings.ladder().unwrap(),
+        &settings.topology,
+        &settings.topology.vhost,
+    );
     assert!(
         repo_definitions() == expected,
         "definitions.json drifted from `order-expiry topology export`; regenerate it with\n  \
@@ -29,76 +43,302 @@ fn definitions_json_matches_the_export_of_the_default_settings() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn imported_definitions_carry_a_message_through_the_ladder() {
-    // Import the file as it is, into a fresh vhost.
-    let vhost = format!(
-        "order-expiry-import-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    );
-    let mut definitions: serde_json::Value = serde_json::from_str(&repo_definitions()).unwrap();
-    retarget_vhost(&mut definitions, &vhost);
-    let file = std::env::temp_dir().join(format!("{vhost}.json"));
-    std::fs::write(&file, definitions.to_string()).unwrap();
-    rabbitmqctl(&["-q", "import_definitions", file.to_str().unwrap()]);
-    rabbitmqctl(&[
-        "-q",
-        "set_permissions",
-        "-p",
-        &vhost,
-        "guest",
-        ".*",
-        ".*",
-        ".*",
-    ]);
-
-    let mut settings = Settings::load_without_env(None).unwrap();
-    settings.amqp.url = SecretString::from(amqp_url(&vhost));
-    let scheduler = Scheduler::from_settings(&settings).unwrap();
-    let due_at = at_ms(2_300);
-    let scheduled = scheduler.schedule("imported-1", due_at).await.unwrap();
-    assert_eq!(scheduled.route.exchange, "orders.ladder.01");
-
-    let connection = Connection::connect(&amqp_url(&vhost), Default::default())
-        .await
-        .unwrap();
-    let channel = connection.create_channel().await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let message = loop {
-        if let Some(m) = channel
-            .basic_get("orders.due".into(), BasicGetOptions { no_ack: true })
-            .await
-            .unwrap()
-        {
-            break m;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "nothing reached orders.due"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let arrived = chrono::Utc::now();
-    let decoded = ExpiryMessage::decode(&message.delivery.data, None, 4096).unwrap();
-    assert_eq!(decoded.order_id, "imported-1");
-    // The ladder holds floor(2.3 s) = 2 s; the consumer holds the rest.
-    assert!(
-        arrived >= due_at - TimeDelta::seconds(1),
-        "arrived more than 1 s early"
-    );
-    assert!(arrived < due_at + TimeDelta::seconds(2), "arrived late");
-
-    scheduler.close().await;
-    let _ = connection.close(200, "done".into()).await;
-    rabbitmqctl(&["-q", "delete_vhost", &vhost]);
-    let _ = std::fs::remove_file(file);
+/// `definitions.json` imported under fresh vhost and user names; everything is
+/// deleted again on drop, also when the test fails.
+struct Imported {
+    vhost: String,
+    publisher: String,
+    consumer: String,
+    file: std::path::PathBuf,
 }
 
-fn retarget_vhost(definitions: &mut serde_json::Value, vhost: &str) {
-    for section in ["exchanges", "queues", "bindings"] {
-        for object in definitions[section].as_array_mut().unwrap() {
-            object["vhost"] = vhost.into();
+impl Imported {
+    fn new() -> Self {
+        let id = &uuid::Uuid::new_v4().simple().to_string()[..8];
+        let imported = Self {
+            vhost: format!("order-expiry-import-{id}"),
+            publisher: format!("{PUBLISHER_USER}-{id}"),
+            consumer: format!("{CONSUMER_USER}-{id}"),
+            file: std::env::temp_dir().join(format!("order-expiry-import-{id}.json")),
+        };
+        let mut defs: Value = serde_json::from_str(&repo_definitions()).unwrap();
+        imported.retarget(&mut defs);
+        std::fs::write(&imported.file, defs.to_string()).unwrap();
+        rabbitmqctl(&["-q", "import_definitions", imported.file.to_str().unwrap()]);
+        imported
+    }
+
+    fn retarget(&self, defs: &mut Value) {
+        let rename = |name: &str| match name {
+            PUBLISHER_USER => self.publisher.clone(),
+            CONSUMER_USER => self.consumer.clone(),
+            other => panic!("definitions.json names an unexpected user {other:?}"),
+        };
+        for user in defs["users"].as_array_mut().unwrap() {
+            user["name"] = rename(user["name"].as_str().unwrap()).into();
+        }
+        for section in ["permissions", "topic_permissions"] {
+            for p in defs[section].as_array_mut().unwrap() {
+                p["user"] = rename(p["user"].as_str().unwrap()).into();
+                p["vhost"] = self.vhost.as_str().into();
+            }
+        }
+        for section in ["exchanges", "queues", "bindings"] {
+            for object in defs[section].as_array_mut().unwrap() {
+                object["vhost"] = self.vhost.as_str().into();
+            }
+        }
+        defs["vhosts"] = serde_json::json!([{ "name": self.vhost }]);
+    }
+
+    fn url(&self, user: &str, password: &str) -> String {
+        format!("amqp://{user}:{password}@127.0.0.1:5672/{}", self.vhost)
+    }
+
+    /// Ready messages in a queue, asked of rabbitmqctl (no AMQP user involved).
+    fn ready(&self, queue: &str) -> u64 {
+        let out = rabbitmqctl(&[
+            "-q",
+            "list_queues",
+            "-p",
+            &self.vhost,
+            "--no-table-headers",
+            "name",
+            "messages_ready",
+        ]);
+        out.lines()
+            .filter_map(|l| l.split_once('\t'))
+            .find(|(name, _)| *name == queue)
+            .and_then(|(_, n)| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("queue {queue} not found in {out}"))
+    }
+}
+
+impl Drop for Imported {
+    fn drop(&mut self) {
+        for args in [
+            vec!["-q", "delete_vhost", &self.vhost],
+            vec!["-q", "delete_user", &self.publisher],
+            vec!["-q", "delete_user", &self.consumer],
+        ] {
+            let _ = std::process::Command::new("rabbitmqctl")
+                .args(args)
+                .output();
+        }
+        let _ = std::fs::remove_file(&self.file);
+    }
+}
+
+async fn channel(url: &str) -> (Connection, Channel) {
+    let connection = Connection::connect(url, Default::default())
+        .await
+        .expect("login with the password set by rabbitmqctl");
+    let channel = connection.create_channel().await.expect("channel");
+    (connection, channel)
+}
+
+fn assert_refused<T: std::fmt::Debug>(what: &str, result: Result<T, lapin::Error>) {
+    match result {
+        Ok(v) => panic!("{what}: allowed ({v:?}), expected ACCESS_REFUSED"),
+        Err(e) => assert!(
+            e.to_string().contains("ACCESS_REFUSED"),
+            "{what}: failed, but not with ACCESS_REFUSED: {e}"
+        ),
+    }
+}
+
+/// Publishes with confirms on a fresh channel: the broker's answer to it.
+async fn publish(
+    connection: &Connection,
+    exchange: &str,
+    key: &str,
+    body: &[u8],
+) -> Result<(), lapin::Error> {
+    let channel = connection.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    let confirm = channel
+        .basic_publish(
+            exchange.into(),
+            key.into(),
+            BasicPublishOptions::default(),
+            body,
+            BasicProperties::default().with_content_type("application/json".into()),
+        )
+        .await?;
+    match tokio::time::timeout(Duration::from_secs(10), confirm).await {
+        Err(_) => panic!("no answer to a publish to {exchange} within 10 s"),
+        Ok(Ok(c)) if c.is_ack() => Ok(()),
+        Ok(Ok(c)) => panic!("publish to {exchange}: {c:?}"),
+        Ok(Err(e)) => Err(e),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn imported_users_have_least_privilege_and_suffice() {
+    order_expiry::telemetry::init_for_tests();
+    let imported = Imported::new();
+    // No password in the file: both users exist but cannot log in yet.
+    assert!(
+        Connection::connect(&imported.url(&imported.publisher, ""), Default::default())
+            .await
+            .is_err()
+    );
+    let publisher_password = uuid::Uuid::new_v4().simple().to_string();
+    let consumer_password = uuid::Uuid::new_v4().simple().to_string();
+    rabbitmqctl(&[
+        "-q",
+        "change_password",
+        &imported.publisher,
+        &publisher_password,
+    ]);
+    rabbitmqctl(&[
+        "-q",
+        "change_password",
+        &imported.consumer,
+        &consumer_password,
+    ]);
+    let publisher_url = imported.url(&imported.publisher, &publisher_password);
+    let consumer_url = imported.url(&imported.consumer, &consumer_password);
+    let permitted = rabbitmqctl(&["-q", "list_permissions", "-p", &imported.vhost]);
+    assert!(!permitted.contains("guest"), "{permitted}");
+
+    // The publisher schedules through the ladder and straight into the due exchange.
+    let mut settings = Settings::load_without_env(None).unwrap();
+    settings.amqp.url = SecretString::from(publisher_url.clone());
+    let (store, schema) = isolated_store(&mut settings).await;
+    let through_ladder = (String::from("lp-ladder"), at_ms(3_500));
+    let past_due = (String::from("lp-past"), at_ms(-1_000));
+    for (id, due_at) in [&through_ladder, &past_due] {
+        store.create_unpaid(id, *due_at).await.unwrap();
+    }
+    let scheduler = Scheduler::from_settings(&settings).unwrap();
+    let scheduled = scheduler
+        .schedule(&through_ladder.0, through_ladder.1)
+        .await
+        .expect("the publisher schedules into the ladder");
+    assert!(
+        scheduled.route.exchange.starts_with("orders.ladder."),
+        "{scheduled:?}"
+    );
+    let scheduled = scheduler
+        .schedule(&past_due.0, past_due.1)
+        .await
+        .expect("the publisher schedules a past due time");
+    assert_eq!(scheduled.route.exchange, "orders.due");
+    scheduler.close().await;
+
+    // ...and a malformed body, which the consumer must park.
+    let (publisher, _) = channel(&publisher_url).await;
+    publish(&publisher, "orders.due", "raw", b"{not json")
+        .await
+        .expect("the publisher may publish to the due exchange");
+
+    // The publisher can neither consume, read, declare nor delete.
+    let c = publisher.create_channel().await.unwrap();
+    assert_refused(
+        "publisher basic.consume orders.due",
+        c.basic_consume(
+            "orders.due".into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await,
+    );
+    let c = publisher.create_channel().await.unwrap();
+    assert_refused(
+        "publisher basic.get orders.due",
+        c.basic_get("orders.due".into(), BasicGetOptions::default())
+            .await,
+    );
+    let c = publisher.create_channel().await.unwrap();
+    assert_refused(
+        "publisher queue.delete orders.due",
+        c.queue_delete("orders.due".into(), QueueDeleteOptions::default())
+            .await,
+    );
+    let c = publisher.create_channel().await.unwrap();
+    assert_refused(
+        "publisher queue.delete orders.ladder.00",
+        c.queue_delete("orders.ladder.00".into(), QueueDeleteOptions::default())
+            .await,
+    );
+    let c = publisher.create_channel().await.unwrap();
+    assert_refused(
+        "publisher queue.declare",
+        c.queue_declare(
+            "orders.mine".into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await,
+    );
+    let _ = publisher.close(200, "done".into()).await;
+
+    // The real consumer, with the consumer user only: it re-declares its part,
+    // cancels both orders and parks the malformed body.
+    settings.amqp.url = SecretString::from(consumer_url.clone());
+    settings.amqp.reconnect_max_ms = 500;
+    let mut consumer = Consumer::new(
+        &settings,
+        Arc::clone(&store),
+        Arc::new(Readiness::default()),
+    )
+    .unwrap();
+    let mut outcomes = consumer.observe();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(consumer.run(stop.clone()));
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        match tokio::time::timeout(Duration::from_secs(15), outcomes.recv()).await {
+            Ok(Some(handled)) => got.push((handled.order_id, handled.outcome)),
+            _ => panic!("the consumer user handled only {got:?} within 15 s"),
         }
     }
-    definitions["vhosts"] = serde_json::json!([{ "name": vhost }]);
+    got.sort_by_key(|(id, outcome)| (id.clone(), outcome.label()));
+    assert_eq!(
+        got,
+        [
+            (None, Outcome::Parked),
+            (Some("lp-ladder".into()), Outcome::Cancelled),
+            (Some("lp-past".into()), Outcome::Cancelled),
+        ]
+    );
+    assert_eq!(imported.ready("orders.parked"), 1);
+
+    // The consumer cannot publish into the ladder, not even into the due exchange
+    // its queue's name matches, and cannot touch the ladder's queues.
+    let (consumer_connection, _) = channel(&consumer_url).await;
+    for exchange in ["orders.ladder.00", "orders.ladder.21", "orders.due"] {
+        assert_refused(
+            &format!("consumer publish to {exchange}"),
+            publish(&consumer_connection, exchange, "0.0.0", b"{}").await,
+        );
+        assert_refused(
+            &format!("consumer publish to {exchange} with an empty key"),
+            publish(&consumer_connection, exchange, "", b"{}").await,
+        );
+    }
+    let c = consumer_connection.create_channel().await.unwrap();
+    assert_refused(
+        "consumer basic.get orders.ladder.00",
+        c.basic_get("orders.ladder.00".into(), BasicGetOptions::default())
+            .await,
+    );
+    let c = consumer_connection.create_channel().await.unwrap();
+    assert_refused(
+        "consumer queue.delete orders.ladder.00",
+        c.queue_delete("orders.ladder.00".into(), QueueDeleteOptions::default())
+            .await,
+    );
+    let _ = consumer_connection.close(200, "done".into()).await;
+
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(15), task)
+        .await
+        .expect("consumer stops")
+        .unwrap();
+    drop_schema(&store, &schema).await;
 }

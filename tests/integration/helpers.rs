@@ -308,6 +308,51 @@ impl RunningConsumer {
     }
 }
 
+/// A fresh PostgreSQL schema with the orders table, for tests that need a store
+/// but not a `TestEnv` (their broker side is elsewhere): points
+/// `settings.database` at it and returns the store and the schema name.
+pub async fn isolated_store(settings: &mut Settings) -> (Arc<PgOrderStore>, String) {
+    ensure_shared_resources().await;
+    let schema = format!("s_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    settings.database.url = SecretString::from(format!(
+        "postgres://postgres@127.0.0.1:5432/{}?options=-csearch_path%3D{schema}",
+        database()
+    ));
+    let store = Arc::new(PgOrderStore::new(&settings.database).expect("store"));
+    store
+        .pool()
+        .get()
+        .await
+        .expect("database connection")
+        .batch_execute(&format!("CREATE SCHEMA {schema}"))
+        .await
+        .expect("create schema");
+    store.migrate().await.expect("migrate");
+    (store, schema)
+}
+
+/// Drops a schema made by [`isolated_store`].
+pub async fn drop_schema(store: &PgOrderStore, schema: &str) {
+    if let Ok(client) = store.pool().get().await {
+        let _ = client
+            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .await;
+    }
+}
+
+/// The test database's name (see `scripts/test`).
+pub fn test_database() -> String {
+    database()
+}
+
+/// A TCP port nobody listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
 pub fn at_ms(ms: i64) -> DateTime<Utc> {
     Utc::now() + chrono::TimeDelta::milliseconds(ms)
 }

@@ -48,7 +48,11 @@ async fn health_readiness_and_metrics() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let (_, metrics) = get(addr, "/metrics").await;
-        if metrics.contains("order_expiry_messages_total{outcome=\"unknown\"}") {
+        // Every outcome is exported from the start at 0: wait for a non-zero one.
+        let unknown = metrics.lines().any(|l| {
+            l.starts_with("order_expiry_messages_total{outcome=\"unknown\"}") && !l.ends_with(" 0")
+        });
+        if unknown {
             assert!(metrics.contains("order_expiry_schedule_total"), "{metrics}");
             break;
         }

@@ -43,32 +43,55 @@ async fn killing_the_consumer_while_it_holds_a_message_loses_nothing() {
 
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_order-expiry"))
         .arg("serve")
-        .env("ORDER_EXPIRY__AMQP__URL", env.settings.amqp.url.expose_secret())
-        .env("ORDER_EXPIRY__DATABASE__URL", env.settings.database.url.expose_secret())
-        .env("ORDER_EXPIRY__TOPOLOGY__PREFIX", &env.settings.topology.prefix)
-        .env("ORDER_EXPIRY__TOPOLOGY__LEVELS", env.settings.topology.levels.to_string())
+        .env(
+            "ORDER_EXPIRY__AMQP__URL",
+            env.settings.amqp.url.expose_secret(),
+        )
+        .env(
+            "ORDER_EXPIRY__DATABASE__URL",
+            env.settings.database.url.expose_secret(),
+        )
+        .env(
+            "ORDER_EXPIRY__TOPOLOGY__PREFIX",
+            &env.settings.topology.prefix,
+        )
+        .env(
+            "ORDER_EXPIRY__TOPOLOGY__LEVELS",
+            env.settings.topology.levels.to_string(),
+        )
         .env("ORDER_EXPIRY__HTTP__LISTEN", "127.0.0.1:0")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()
         .expect("serve starts");
-    env.publish_message(&ExpiryMessage::new("kill-1", due_at).unwrap()).await;
+    env.publish_message(&ExpiryMessage::new("kill-1", due_at).unwrap())
+        .await;
     // Wait until the child has taken it (no longer ready in the queue), then kill -9.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while env.depth(&env.ladder().due_queue()).await > 0 {
-        assert!(tokio::time::Instant::now() < deadline, "serve never took the message");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "serve never took the message"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     child.start_kill().expect("SIGKILL");
     child.wait().await.expect("child reaped");
-    assert_eq!(env.order("kill-1").await.0, "unpaid", "held, not processed early");
+    assert_eq!(
+        env.order("kill-1").await.0,
+        "unpaid",
+        "held, not processed early"
+    );
 
     let mut consumer = env.start_consumer();
     let handled = consumer.next_n(1, Duration::from_secs(10)).await;
     assert_eq!(handled[0].outcome, Outcome::Cancelled);
     let (_, due_at, cancelled_at) = env.order("kill-1").await;
-    assert!(cancelled_at.expect("cancelled") >= due_at, "cancelled before due_at");
+    assert!(
+        cancelled_at.expect("cancelled") >= due_at,
+        "cancelled before due_at"
+    );
     consumer.stop().await;
     env.cleanup().await;
 }

@@ -9,4 +9,8 @@ mod http;
 mod lateness;
 mod payments;
 mod poison;
+mod poison_corpus;
 mod scheduling;
+mod secrets;
+mod sweeper;
+mod tls;

@@ -1,0 +1,90 @@
+//! Scenario 3: PostgreSQL goes away for 10 s while orders come due. Nothing is
+//! acked without its cancel, the consumer backs off instead of spinning (its CPU
+//! time over the outage is measured), `/readyz` says 503, and everything due is
+//! cancelled once the database is back.
+
+use std::time::{Duration, Instant};
+
+use crate::support::{Fault, Ledger, Outage, ReadyWatch, World, at_ms, order, settle};
+
+const ORDERS: usize = 400;
+const OUTAGE: Duration = Duration::from_secs(10);
+/// CPU the consumer may use over the 10 s outage: a busy loop would use ~10 s.
+const MAX_CPU_SECONDS: f64 = 0.5;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_down_for_ten_seconds_backs_off_and_loses_nothing() {
+    let world = World::new("database outage").await;
+    let mut served = world.serve(&[]);
+    served.wait_ready(Duration::from_secs(30)).await;
+    let watch = ReadyWatch::start(&served);
+
+    // Due from 1 s to 9 s from now: most come due while the database is down.
+    let orders: Vec<_> = (0..ORDERS)
+        .map(|i| order(format!("db-{i}"), at_ms(1000 + (i as i64 * 53) % 8000)))
+        .collect();
+    world.create_orders(&orders).await;
+    let scheduler = world.scheduler();
+    let mut ledger = Ledger::default();
+    for (i, (id, due)) in orders.iter().enumerate() {
+        scheduler.schedule(id, *due).await.expect("schedule");
+        let paid = i % 4 == 0 && world.store.pay(id).await.expect("pay");
+        ledger.add(id, *due, true, paid);
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let broken_at = Instant::now();
+    let outage = tokio::task::spawn_blocking(|| Outage::begin(Fault::DatabaseStop))
+        .await
+        .expect("stop database");
+    let not_ready_at = watch
+        .wait_for(503, broken_at, Duration::from_secs(10))
+        .await;
+    let cpu_before = served.cpu_seconds();
+    let measure_from = Instant::now();
+    tokio::time::sleep(OUTAGE).await;
+    let cpu = served.cpu_seconds() - cpu_before;
+    let measured = measure_from.elapsed();
+    assert!(served.running(), "the consumer exited during the outage");
+    let retries = served.metric("order_expiry_retries_total").await;
+    let before_restore = Instant::now();
+    let back_at = tokio::task::spawn_blocking(move || outage.restore())
+        .await
+        .expect("restore database");
+    let ready_at = watch.wait_for(200, back_at, Duration::from_secs(30)).await;
+    let during = watch.between(not_ready_at, before_restore);
+    assert!(
+        during.iter().all(|s| *s != 200),
+        "/readyz said 200 while the database was down: {during:?}"
+    );
+
+    let figures = settle(&world, &ledger, Duration::from_secs(60)).await;
+    let settled_at = Instant::now();
+    figures.assert_invariants();
+    assert!(served.running());
+    assert!(retries >= 1.0, "the consumer never saw the database fail");
+    assert!(
+        cpu < MAX_CPU_SECONDS,
+        "consumer used {cpu:.2} s CPU over {measured:?} of database outage: a hot loop"
+    );
+    assert_eq!(world.depth(&world.ladder().due_queue()).await, 0);
+    figures.print(
+        "database outage",
+        &format!(
+            "database down {:.1} s, consumer CPU during {:.1} s of it {:.3} s ({:.1} %), retries {retries}, \
+             /readyz 503 {:.1} s after the stop, ready again {:.1} s after the database was back, \
+             all settled {:.1} s after it was back",
+            (back_at - broken_at).as_secs_f64(),
+            measured.as_secs_f64(),
+            cpu,
+            100.0 * cpu / measured.as_secs_f64(),
+            (not_ready_at - broken_at).as_secs_f64(),
+            (ready_at - back_at).as_secs_f64(),
+            (settled_at - back_at).as_secs_f64(),
+        ),
+    );
+    scheduler.close().await;
+    drop(watch);
+    drop(served);
+    world.cleanup().await;
+}

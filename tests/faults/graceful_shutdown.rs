@@ -1,0 +1,209 @@
+//! Scenario 6: SIGTERM while the consumer is busy. It exits 0 within its drain
+//! timeout; every delivery was either acked after its cancel committed or is back
+//! in the queue for the next consumer, which finishes the job.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use order_expiry::ExpiryMessage;
+
+use crate::support::{Ledger, World, at_ms, order, settle};
+
+/// Due at once, published in bursts while the consumer works through them.
+const DUE: usize = 4000;
+/// Early: held unacked when SIGTERM comes, so they must be released.
+const HELD: usize = 200;
+/// How early the held ones are: SIGTERM must come before they are due.
+const HELD_FOR_MS: i64 = 12_000;
+const DRAIN_TIMEOUT_MS: u64 = 10_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_under_load_exits_zero_and_hands_back_what_it_did_not_finish() {
+    let world = World::new("graceful shutdown").await;
+    let drain = DRAIN_TIMEOUT_MS.to_string();
+    let env = [("ORDER_EXPIRY__CONSUMER__DRAIN_TIMEOUT_MS", drain.as_str())];
+    let mut first = world.serve(&env);
+    first.wait_ready(Duration::from_secs(30)).await;
+
+    let due: Vec<_> = (0..DUE)
+        .map(|i| order(format!("due-{i}"), at_ms(-1000 - i as i64)))
+        .collect();
+    world.create_orders(&due).await;
+    let held: Vec<_> = (0..HELD)
+        .map(|i| order(format!("held-{i}"), at_ms(HELD_FOR_MS + i as i64)))
+        .collect();
+    world.create_orders(&held).await;
+    let to_messages = |group: &[(String, chrono::DateTime<chrono::Utc>)]| -> Vec<ExpiryMessage> {
+        group
+            .iter()
+            .map(|(id, at)| ExpiryMessage::new(id.as_str(), *at).unwrap())
+            .collect()
+    };
+    world.publish_due(&to_messages(&held)).await;
+    // Publish the due ones in bursts in the background; SIGTERM lands mid-stream.
+    let publisher = {
+        let messages = to_messages(&due);
+        let world_ref = &world;
+        async move {
+            for chunk in messages.chunks(500) {
+                world_ref.publish_due(chunk).await;
+            }
+        }
+    };
+    let signal = async {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let done = first
+                .metric("order_expiry_messages_total{outcome=\"cancelled\"}")
+                .await;
+            if done >= 500.0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "consumer never got going");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        first.signal("-TERM");
+        Instant::now()
+    };
+    let ((), sent_at) = tokio::join!(publisher, signal);
+    assert!(
+        Utc::now() < held[0].1,
+        "SIGTERM came after the held messages were due: the machine is too slow for this test"
+    );
+    let status = first
+        .wait_exit(Duration::from_millis(DRAIN_TIMEOUT_MS) + Duration::from_secs(5))
+        .expect("exits after SIGTERM");
+    let took = sent_at.elapsed();
+    assert!(status.success(), "exit status {status}");
+    assert!(
+        took <= Duration::from_millis(DRAIN_TIMEOUT_MS) + Duration::from_secs(1),
+        "took {took:?}, drain timeout {DRAIN_TIMEOUT_MS} ms"
+    );
+    assert_eq!(first.log_count("drained"), 1, "{}", first.log_tail(20));
+
+    // Every order is cancelled (acked after its cancel) or its message is back.
+    let rows = world.rows().await;
+    let cancelled: HashSet<&str> = rows
+        .iter()
+        .filter(|(_, r)| r.status == "cancelled")
+        .map(|(id, _)| id.as_str())
+        .collect();
+    let requeued: HashSet<String> = world.due_ids().await.into_iter().collect();
+    let unaccounted: Vec<&str> = held
+        .iter()
+        .chain(&due)
+        .map(|(id, _)| id.as_str())
+        .filter(|id| !cancelled.contains(id) && !requeued.contains(*id))
+        .collect();
+    assert!(
+        unaccounted.is_empty(),
+        "{} orders neither cancelled nor back in the queue: {:?}",
+        unaccounted.len(),
+        &unaccounted[..unaccounted.len().min(10)]
+    );
+    assert!(
+        held.iter().all(|(id, _)| requeued.contains(id)),
+        "the held, early messages were released to the queue"
+    );
+    let cancelled_by_first = cancelled.len();
+
+    // The next consumer finishes the job.
+    let second = world.serve(&env);
+    let mut ledger = Ledger::default();
+    for (id, at) in held.iter().chain(&due) {
+        ledger.add(id, *at, true, false);
+    }
+    let figures = settle(&world, &ledger, Duration::from_secs(30)).await;
+    figures.assert_invariants();
+    assert_eq!(world.depth(&world.ladder().due_queue()).await, 0);
+    figures.print(
+        "graceful shutdown",
+        &format!(
+            "SIGTERM after {cancelled_by_first} cancels: exit 0 after {:.2} s (drain timeout {:.0} s); \
+             back in the queue {} (incl. {HELD} held early), lost 0; the next consumer cancelled the rest",
+            took.as_secs_f64(),
+            DRAIN_TIMEOUT_MS as f64 / 1000.0,
+            requeued.len(),
+        ),
+    );
+    drop(second);
+    world.cleanup().await;
+}
+
+/// Drain timeout of the stuck-shutdown test: shorter than the statement timeout
+/// (5 s), so it is the drain timeout that ends the wait.
+const SHORT_DRAIN_MS: u64 = 2_000;
+const STUCK: usize = 100;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_cancels_stuck_in_the_database_exits_at_the_drain_timeout() {
+    let world = World::new("shutdown with stuck cancels").await;
+    let drain = SHORT_DRAIN_MS.to_string();
+    let env = [("ORDER_EXPIRY__CONSUMER__DRAIN_TIMEOUT_MS", drain.as_str())];
+    let mut first = world.serve(&env);
+    first.wait_ready(Duration::from_secs(30)).await;
+
+    let stuck: Vec<_> = (0..STUCK)
+        .map(|i| order(format!("stuck-{i}"), at_ms(-10)))
+        .collect();
+    world.create_orders(&stuck).await;
+    let ids: Vec<&str> = stuck.iter().map(|(id, _)| id.as_str()).collect();
+    let lock = world.lock_rows(&ids).await;
+    let messages: Vec<ExpiryMessage> = stuck
+        .iter()
+        .map(|(id, at)| ExpiryMessage::new(id.as_str(), *at).unwrap())
+        .collect();
+    world.publish_due(&messages).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while lock.blocked().await < 1 {
+        assert!(Instant::now() < deadline, "no cancel ever blocked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    first.signal("-TERM");
+    let sent_at = Instant::now();
+    let status = first
+        .wait_exit(Duration::from_secs(15))
+        .expect("exits after SIGTERM");
+    let took = sent_at.elapsed();
+    assert!(status.success(), "exit status {status}");
+    assert!(
+        took >= Duration::from_millis(SHORT_DRAIN_MS)
+            && took <= Duration::from_millis(SHORT_DRAIN_MS) + Duration::from_millis(1500),
+        "took {took:?} with a {SHORT_DRAIN_MS} ms drain timeout"
+    );
+    assert_eq!(
+        first.log_count("drain timeout"),
+        1,
+        "{}",
+        first.log_tail(20)
+    );
+    // Nothing was acked: every message is back in the queue.
+    let requeued: HashSet<String> = world.due_ids().await.into_iter().collect();
+    assert_eq!(requeued.len(), STUCK, "all returned to the queue");
+
+    // The dead process's statements still commit once the lock goes; the next
+    // consumer finds those orders already cancelled and only acks them.
+    lock.release().await;
+    let second = world.serve(&env);
+    let mut ledger = Ledger::default();
+    for (id, at) in &stuck {
+        ledger.add(id, *at, true, false);
+    }
+    let figures = settle(&world, &ledger, Duration::from_secs(30)).await;
+    figures.assert_invariants();
+    assert_eq!(world.depth(&world.ladder().due_queue()).await, 0);
+    figures.print(
+        "shutdown with stuck cancels",
+        &format!(
+            "SIGTERM while the cancel statements wait on row locks: exit 0 after {:.2} s \
+             (drain timeout {:.1} s), all {} messages back in the queue; the next consumer finished them",
+            took.as_secs_f64(),
+            SHORT_DRAIN_MS as f64 / 1000.0,
+            requeued.len(),
+        ),
+    );
+    drop(second);
+    world.cleanup().await;
+}

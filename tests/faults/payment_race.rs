@@ -1,0 +1,103 @@
+//! Scenario 4: a few hundred orders are paid within milliseconds of their due
+//! time, from concurrent connections, while the consumer cancels them. Each
+//! order ends paid or cancelled, never both; a payment that went through is never
+//! overwritten by a cancel; nothing is cancelled early.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use rand::Rng;
+use tokio_postgres::NoTls;
+
+use crate::support::{Ledger, World, at_ms, order, settle};
+
+const ORDERS: usize = 400;
+const PAYERS: usize = 8;
+/// Payments land within this many ms either side of the due time.
+const JITTER_MS: i64 = 25;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payments_racing_the_due_time_are_never_cancelled() {
+    let world = World::new("payment race").await;
+    let served = world.serve(&[]);
+    served.wait_ready(Duration::from_secs(30)).await;
+
+    // Due 3-5 s from now, 5 ms apart.
+    let orders: Vec<_> = (0..ORDERS)
+        .map(|i| order(format!("race-{i}"), at_ms(3000 + i as i64 * 5)))
+        .collect();
+    world.create_orders(&orders).await;
+    let scheduler = world.scheduler();
+    let scheduled = scheduler
+        .schedule_many(orders.iter().map(|(id, due)| (id.clone(), *due)))
+        .await;
+    assert!(scheduled.iter().all(Result::is_ok), "all scheduled");
+
+    // Each payer has its own connection and pays its share at due_at ± jitter.
+    let url = secrecy::ExposeSecret::expose_secret(&world.settings.database.url).to_owned();
+    let mut payers = Vec::new();
+    for p in 0..PAYERS {
+        let mine: Vec<_> = orders
+            .iter()
+            .skip(p)
+            .step_by(PAYERS)
+            .map(|(id, due)| {
+                let jitter = rand::rng().random_range(-JITTER_MS..=JITTER_MS);
+                (id.clone(), *due + chrono::TimeDelta::milliseconds(jitter))
+            })
+            .collect();
+        let url = url.clone();
+        payers.push(tokio::spawn(async move {
+            let (client, connection) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+            tokio::spawn(connection);
+            let pay = client
+                .prepare("UPDATE orders SET status = 'paid', paid_at = now() WHERE id = $1 AND status = 'unpaid'")
+                .await
+                .unwrap();
+            let mut results = Vec::new();
+            let mut mine = mine;
+            mine.sort_by_key(|(_, at)| *at);
+            for (id, pay_at) in mine {
+                if let Ok(wait) = (pay_at - Utc::now()).to_std() {
+                    tokio::time::sleep(wait).await;
+                }
+                let paid = client.execute(&pay, &[&id]).await.unwrap() == 1;
+                let offset_ms = (Utc::now() - pay_at).num_milliseconds();
+                results.push((id, paid, offset_ms));
+            }
+            results
+        }));
+    }
+    let mut paid_ids = std::collections::HashSet::new();
+    let mut max_offset = 0;
+    for payer in payers {
+        for (id, paid, offset) in payer.await.unwrap() {
+            max_offset = max_offset.max(offset);
+            if paid {
+                paid_ids.insert(id);
+            }
+        }
+    }
+    let mut ledger = Ledger::default();
+    for (id, due) in &orders {
+        ledger.add(id, *due, true, paid_ids.contains(id));
+    }
+    let figures = settle(&world, &ledger, Duration::from_secs(30)).await;
+    figures.assert_invariants();
+    // The race was real: both sides won some.
+    assert!(
+        figures.paid > 0 && figures.cancelled > 0,
+        "payments and cancels should both win some: {figures:?}"
+    );
+    figures.print(
+        "payment race",
+        &format!(
+            "{PAYERS} concurrent payer connections, payments at due_at ± {JITTER_MS} ms \
+             (landed at most {max_offset} ms after their target): payment won {}, cancel won {}",
+            figures.paid, figures.cancelled
+        ),
+    );
+    scheduler.close().await;
+    drop(served);
+    world.cleanup().await;
+}

@@ -1,0 +1,236 @@
+//! Breaking and restoring the real services: [`Outage`] and the `ensure_*_up`
+//! functions every test starts with.
+
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Ladder levels of every fault test: delays up to 63 s, quick to declare.
+pub const LEVELS: u8 = 6;
+const AMQP_PORT: u16 = 5672;
+const PG_PORT: u16 = 5432;
+
+pub fn vhost() -> String {
+    std::env::var("ORDER_EXPIRY_TEST_VHOST").unwrap_or_else(|_| "order-expiry-test".into())
+}
+
+pub fn database() -> String {
+    std::env::var("ORDER_EXPIRY_TEST_DATABASE").unwrap_or_else(|_| "order_expiry_test".into())
+}
+
+pub fn amqp_url() -> String {
+    let encoded = vhost().replace('%', "%25").replace('/', "%2f");
+    format!("amqp://guest:guest@127.0.0.1:{AMQP_PORT}/{encoded}")
+}
+
+pub fn database_url(schema: &str) -> String {
+    format!(
+        "postgres://postgres@127.0.0.1:{PG_PORT}/{}?options=-csearch_path%3D{schema}",
+        database()
+    )
+}
+
+/// Runs a command to completion; its output on failure. The command starts with
+/// every file descriptor above stderr closed: a broker or database it (re)starts
+/// must not inherit, and so hold forever, a lock file or pipe of this process
+/// (e.g. the `flock` that serialises fault runs).
+pub fn run(program: &str, args: &[&str]) -> Result<String, String> {
+    const CLOSE_FDS_THEN_EXEC: &str = r#"for fd in /proc/$$/fd/*; do n=${fd##*/}; if [ "$n" -gt 2 ]; then eval "exec $n>&-"; fi; done 2>/dev/null; exec "$@""#;
+    let out = Command::new("bash")
+        .args(["-c", CLOSE_FDS_THEN_EXEC, "bash", program])
+        .args(args)
+        .output()
+        .map_err(|e| format!("{program} {args:?}: {e}"))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() {
+        Ok(text)
+    } else {
+        Err(format!("{program} {args:?} failed: {text}"))
+    }
+}
+
+pub fn port_open(port: u16) -> bool {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_ok()
+}
+
+fn wait_port(port: u16, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if port_open(port) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+/// Brings RabbitMQ back if it is not serving: `start_app` when the node runs
+/// with its application stopped, `rabbitmq-server -detached` when the node is
+/// gone; then waits for the port and `await_startup`. Idempotent.
+pub fn ensure_broker_up() {
+    if !port_open(AMQP_PORT) {
+        if run("rabbitmqctl", &["-q", "start_app"]).is_err() {
+            let _ = run("rabbitmq-server", &["-detached"]);
+        }
+        assert!(
+            wait_port(AMQP_PORT, Duration::from_secs(90)),
+            "RabbitMQ did not open {AMQP_PORT} within 90 s"
+        );
+    }
+    let _ = run("rabbitmqctl", &["-q", "await_startup", "--timeout", "90"]);
+}
+
+fn pg_version() -> String {
+    let mut versions: Vec<u32> = std::fs::read_dir("/etc/postgresql")
+        .map(|dir| {
+            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    versions.sort_unstable();
+    versions.last().map_or_else(|| "15".into(), u32::to_string)
+}
+
+fn pg_ctlcluster(action: &str) -> Result<String, String> {
+    run(
+        "pg_ctlcluster",
+        &["--skip-systemctl-redirect", &pg_version(), "main", action],
+    )
+}
+
+/// Starts PostgreSQL if its port is closed and waits until it accepts queries.
+pub fn ensure_database_up() {
+    if !port_open(PG_PORT) {
+        let _ = pg_ctlcluster("start");
+        assert!(
+            wait_port(PG_PORT, Duration::from_secs(60)),
+            "PostgreSQL did not open {PG_PORT} within 60 s"
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while run(
+        "psql",
+        &[
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+            "-Atqc",
+            "select 1",
+        ],
+    )
+    .is_err()
+    {
+        assert!(Instant::now() < deadline, "PostgreSQL does not answer");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// What an [`Outage`] broke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// `rabbitmqctl stop_app`: the node stays, AMQP closes every connection.
+    BrokerStopApp,
+    /// `kill -9` of RabbitMQ's `beam.smp`.
+    BrokerKill,
+    /// `pg_ctlcluster ... stop` (fast: open sessions are terminated).
+    DatabaseStop,
+}
+
+/// A broken service. [`Outage::restore`] brings it back and says when it
+/// answered again; dropping the guard does the same if the test did not get that
+/// far (a failed assertion), so the services are always left running.
+#[must_use = "dropping the outage restores the service at once"]
+#[derive(Debug)]
+pub struct Outage {
+    fault: Fault,
+    restored: bool,
+}
+
+impl Outage {
+    pub fn begin(fault: Fault) -> Self {
+        // Armed before the fault, so even a half-done fault is undone.
+        let outage = Self {
+            fault,
+            restored: false,
+        };
+        match fault {
+            Fault::BrokerStopApp => {
+                run("rabbitmqctl", &["-q", "stop_app"]).expect("stop_app");
+            }
+            Fault::BrokerKill => {
+                let status = run("rabbitmqctl", &["status"]).expect("rabbitmqctl status");
+                let pid = status
+                    .lines()
+                    .find_map(|l| l.trim().strip_prefix("OS PID: "))
+                    .expect("OS PID in rabbitmqctl status")
+                    .trim()
+                    .to_owned();
+                run("kill", &["-9", &pid]).expect("kill -9 beam.smp");
+                // Wait until it is really gone, so the restart is a restart.
+                let proc = PathBuf::from(format!("/proc/{pid}"));
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while proc.exists() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+            Fault::DatabaseStop => {
+                pg_ctlcluster("stop").expect("pg_ctlcluster stop");
+            }
+        }
+        assert!(
+            !port_open(outage.port()),
+            "{fault:?}: port {} still open",
+            outage.port()
+        );
+        outage
+    }
+
+    fn port(&self) -> u16 {
+        match self.fault {
+            Fault::BrokerStopApp | Fault::BrokerKill => AMQP_PORT,
+            Fault::DatabaseStop => PG_PORT,
+        }
+    }
+
+    /// Brings the service back; returns when it answers again.
+    pub fn restore(mut self) -> Instant {
+        self.restore_now();
+        Instant::now()
+    }
+
+    fn restore_now(&mut self) {
+        if self.restored {
+            return;
+        }
+        self.restored = true;
+        match self.fault {
+            Fault::BrokerStopApp => {
+                let _ = run("rabbitmqctl", &["-q", "start_app"]);
+                ensure_broker_up();
+            }
+            Fault::BrokerKill => {
+                let _ = run("rabbitmq-server", &["-detached"]);
+                ensure_broker_up();
+            }
+            Fault::DatabaseStop => ensure_database_up(),
+        }
+    }
+}
+
+impl Drop for Outage {
+    fn drop(&mut self) {
+        if !self.restored {
+            eprintln!("restoring after {:?} (test did not finish)", self.fault);
+        }
+        self.restore_now();
+    }
+}
