@@ -149,7 +149,9 @@ pub async fn settle(world: &World, ledger: &Ledger, timeout: Duration) -> Figure
         .map(|o| o.due_at)
         .max()
         .unwrap_or_else(Utc::now);
-    let deadline = Instant::now() + timeout;
+    let started = Instant::now();
+    let deadline = started + timeout;
+    let mut next_report = started + Duration::from_secs(10);
     loop {
         let rows = world.rows().await;
         let figures = Figures::from_rows(ledger, &rows);
@@ -157,7 +159,20 @@ pub async fn settle(world: &World, ledger: &Ledger, timeout: Duration) -> Figure
         if (all_due && figures.lost == 0 && figures.cancelled + figures.paid == figures.scheduled)
             || Instant::now() > deadline
         {
+            if figures.lost > 0 {
+                eprintln!("not settled: queues {}", world.queue_report());
+            }
             return figures;
+        }
+        if all_due && Instant::now() > next_report {
+            // Where the missing ones are, for a failure's story.
+            eprintln!(
+                "settling {:.0} s: {} due orders not cancelled yet; queues {}",
+                started.elapsed().as_secs_f64(),
+                figures.lost,
+                world.queue_report()
+            );
+            next_report += Duration::from_secs(10);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

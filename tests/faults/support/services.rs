@@ -134,6 +134,19 @@ pub fn ensure_database_up() {
     }
 }
 
+/// Lines of the local RabbitMQ's log files that contain `needle` (0 when the
+/// logs cannot be read): evidence for a failure's story.
+pub fn broker_log_count(needle: &str) -> usize {
+    let Ok(dir) = std::fs::read_dir("/var/log/rabbitmq") else {
+        return 0;
+    };
+    dir.filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .map(|text| text.lines().filter(|l| l.contains(needle)).count())
+        .sum()
+}
+
 /// What an [`Outage`] broke.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {

@@ -285,6 +285,39 @@ impl World {
         let _ = connection.close(200, "published".into()).await;
     }
 
+    /// This world's non-empty queues as `name ready/unacked`, from `rabbitmqctl`.
+    pub fn queue_report(&self) -> String {
+        let prefix = format!("{}.", self.settings.topology.prefix);
+        let listing = run(
+            "rabbitmqctl",
+            &[
+                "-q",
+                "list_queues",
+                "-p",
+                &vhost(),
+                "--no-table-headers",
+                "name",
+                "messages_ready",
+                "messages_unacknowledged",
+            ],
+        )
+        .unwrap_or_else(|e| e);
+        let queues: Vec<String> = listing
+            .lines()
+            .filter_map(|line| {
+                let mut fields = line.split_whitespace();
+                let name = fields.next()?.strip_prefix(&prefix)?;
+                let (ready, unacked) = (fields.next()?, fields.next()?);
+                (ready != "0" || unacked != "0").then(|| format!("{name} {ready}/{unacked}"))
+            })
+            .collect();
+        if queues.is_empty() {
+            "all empty".into()
+        } else {
+            queues.join(", ")
+        }
+    }
+
     /// Ready (not unacked) messages in a queue.
     pub async fn depth(&self, queue: &str) -> u32 {
         let connection = amqp().await;
