@@ -101,9 +101,10 @@ pub(super) async fn end_to_end(
     tag: &str,
     n: usize,
     delay: Duration,
+    spread: bool,
 ) -> anyhow::Result<Timed> {
     world.seed_orders(tag, n).await?;
-    let result = timed(pipeline::end_to_end(settings, ids(tag, n), delay)).await?;
+    let result = timed(pipeline::end_to_end(settings, ids(tag, n), delay, spread)).await?;
     let cancelled = world.cancelled().await?;
     if cancelled != i64::try_from(n)? {
         bail!("{cancelled} of {n} orders cancelled after the end-to-end run");

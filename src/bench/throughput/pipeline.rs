@@ -22,14 +22,17 @@ use crate::settings::Settings;
 /// returns the time from the first publish to the first and to the last cancel
 /// committed (and acked).
 ///
-/// Order `i` is due `delay` + the publisher's lead + `i * 7919 % 1000` ms after it
-/// is scheduled: real due times have any millisecond, so the ladder carries the
-/// same whole seconds as the baseline (`delay`) and the consumer holds each
-/// message for the lead plus a uniform sub-second remainder, as in production.
+/// Each order is due `delay` + the publisher's lead + a remainder after it is
+/// scheduled, so the ladder carries the same whole seconds as the baseline
+/// (`delay`) and the consumer holds each message for the lead and the remainder.
+/// The remainder is 20 ms for every order, so completions follow capacity; with
+/// `spread`, order `i` gets `i * 7919 % 1000` ms, a uniform sub-second remainder as
+/// real due times have, and completions can come no faster than orders fall due.
 pub(super) async fn end_to_end(
     settings: &Settings,
     ids: Vec<String>,
     delay: Duration,
+    spread: bool,
 ) -> anyhow::Result<(Duration, Duration)> {
     let n = ids.len();
     let store = Arc::new(PgOrderStore::new(&settings.database)?);
@@ -54,7 +57,10 @@ pub(super) async fn end_to_end(
     let start = Instant::now();
     let publishing = async {
         let orders = futures::stream::iter(ids.into_iter().enumerate()).map(|(i, id)| {
-            let remainder = i64::try_from(i.wrapping_mul(7919) % 1000).unwrap_or(0);
+            let remainder = match spread {
+                true => i64::try_from(i.wrapping_mul(7919) % 1000).unwrap_or(0),
+                false => 20,
+            };
             (id, Utc::now() + delay + TimeDelta::milliseconds(remainder))
         });
         let mut results = std::pin::pin!(scheduler.schedule_stream(orders));

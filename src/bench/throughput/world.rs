@@ -47,11 +47,27 @@ impl World {
             .context("creating the benchmark schema")?;
         let mut base = settings.clone();
         base.database.url = with_search_path(&settings.database.url, &schema);
-        let store = PgOrderStore::new(&base.database)?;
-        store.migrate().await.context("creating the orders table")?;
-        let timeout = base.amqp.timeout();
-        let connection = broker::connect(&base.amqp.url, "order-expiry bench", timeout).await?;
-        let channel = connection.create_channel().await?;
+        let opened = async {
+            let store = PgOrderStore::new(&base.database)?;
+            store.migrate().await.context("creating the orders table")?;
+            let timeout = base.amqp.timeout();
+            let connection = broker::connect(&base.amqp.url, "order-expiry bench", timeout).await?;
+            let channel = connection.create_channel().await?;
+            anyhow::Ok((store, connection, channel))
+        }
+        .await;
+        let (store, connection, channel) = match opened {
+            Ok(parts) => parts,
+            Err(e) => {
+                // Nothing else exists yet: leave no schema behind.
+                if let Ok(client) = admin.pool().get().await {
+                    let _ = client
+                        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+                        .await;
+                }
+                return Err(e);
+            }
+        };
         let vhost = base
             .amqp
             .url
