@@ -335,6 +335,29 @@ impl Topology {
     }
 }
 
+impl Topology {
+    /// Deletes every queue (with its messages) and exchange of this topology,
+    /// best effort: what is already gone or cannot be deleted is skipped. For
+    /// benchmarks and tests that made a throw-away topology; never run by the
+    /// service. Returns how many deletions failed.
+    pub async fn remove(&self, channel: &Channel, timeout: Duration) -> usize {
+        let mut failed = 0;
+        for q in &self.queues {
+            let deleting = channel.queue_delete(q.name.as_str().into(), Default::default());
+            if !matches!(tokio::time::timeout(timeout, deleting).await, Ok(Ok(_))) {
+                failed += 1;
+            }
+        }
+        for e in &self.exchanges {
+            let deleting = channel.exchange_delete(e.name.as_str().into(), Default::default());
+            if !matches!(tokio::time::timeout(timeout, deleting).await, Ok(Ok(()))) {
+                failed += 1;
+            }
+        }
+        failed
+    }
+}
+
 fn holding_queue(ladder: &Ladder, settings: &TopologySettings, level: u8, name: String) -> Queue {
     let mut arguments = BTreeMap::new();
     let ttl = i64::try_from(Ladder::level_ttl_ms(level)).unwrap_or(i64::MAX);

@@ -135,24 +135,14 @@ impl BenchWorld {
             let Ok(ladder) = settings.ladder() else {
                 continue;
             };
-            let topology = Topology::describe(&ladder, &settings.topology);
-            for q in topology
-                .queues
-                .iter()
-                .map(|q| q.name.clone())
-                .chain([super::lateness::naive_hold_queue(settings)])
-            {
-                let _ = self
-                    .channel
-                    .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
-                    .await;
-            }
-            for e in &topology.exchanges {
-                let _ = self
-                    .channel
-                    .exchange_delete(e.name.as_str().into(), Default::default())
-                    .await;
-            }
+            Topology::describe(&ladder, &settings.topology)
+                .remove(&self.channel, settings.amqp.timeout())
+                .await;
+            let hold = super::lateness::naive_hold_queue(settings);
+            let _ = self
+                .channel
+                .queue_delete(hold.as_str().into(), QueueDeleteOptions::default())
+                .await;
         }
         let _ = self.connection.close(200, "bench done".into()).await;
         if let Ok(client) = self.store.pool().get().await {

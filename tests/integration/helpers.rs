@@ -6,9 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use lapin::options::{
-    BasicGetOptions, BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions,
-};
+use lapin::options::{BasicGetOptions, BasicPublishOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use order_expiry::consumer::Handled;
@@ -246,19 +244,9 @@ impl TestEnv {
 
     /// Deletes this test's queues, exchanges and schema.
     pub async fn cleanup(self) {
-        let topology = Topology::describe(&self.ladder(), &self.settings.topology);
-        for q in &topology.queues {
-            let _ = self
-                .channel
-                .queue_delete(q.name.as_str().into(), QueueDeleteOptions::default())
-                .await;
-        }
-        for e in &topology.exchanges {
-            let _ = self
-                .channel
-                .exchange_delete(e.name.as_str().into(), Default::default())
-                .await;
-        }
+        Topology::describe(&self.ladder(), &self.settings.topology)
+            .remove(&self.channel, Duration::from_secs(10))
+            .await;
         let _ = self.connection.close(200, "done".into()).await;
         if let Ok(client) = self.store.pool().get().await {
             let _ = client

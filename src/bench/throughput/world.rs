@@ -208,20 +208,10 @@ impl World {
     /// Deletes every queue and exchange this run declared and drops the schema.
     pub(super) async fn cleanup(self) {
         for topology in &self.declared {
-            for q in &topology.queues {
-                let _ = tokio::time::timeout(
-                    Duration::from_secs(120),
-                    self.channel
-                        .queue_delete(q.name.as_str().into(), QueueDeleteOptions::default()),
-                )
+            // A queue holding a million messages takes a while to delete.
+            topology
+                .remove(&self.channel, Duration::from_secs(120))
                 .await;
-            }
-            for e in &topology.exchanges {
-                let _ = self
-                    .channel
-                    .exchange_delete(e.name.as_str().into(), Default::default())
-                    .await;
-            }
         }
         let _ = self.connection.close(200, "done".into()).await;
         if let Ok(client) = self.admin.pool().get().await {
