@@ -91,8 +91,9 @@ pub struct Scheduled {
     pub route: Route,
 }
 
-/// Default of [`Scheduler::with_lead`]: enough to absorb the transit of a
-/// quorum-queue ladder under load (p99.9 measured below 200 ms here).
+/// Default of [`Scheduler::with_lead`]: above the ladder's transit tail that
+/// `bench lateness` measured here without a lead (max 42 ms quiet, 219 ms with
+/// both cores busy; README, Timeliness).
 pub const DEFAULT_LEAD: Duration = Duration::from_millis(300);
 
 struct Link {

@@ -107,7 +107,6 @@ impl TestEnv {
         ensure_shared_resources().await;
         let id = uuid::Uuid::new_v4().simple().to_string();
         let prefix = format!("t{}", &id[..12]);
-        let schema = format!("s_{}", &id[..12]);
         let mut settings = Settings::load_without_env(None).expect("default settings");
         settings.amqp.url = SecretString::from(amqp_url(&vhost()));
         settings.amqp.reconnect_initial_ms = 50;
@@ -118,21 +117,7 @@ impl TestEnv {
         settings.consumer.retry_max_ms = 1000;
         settings.consumer.drain_timeout_ms = 3000;
         settings.http.listen = "127.0.0.1:0".into();
-        settings.database.url = SecretString::from(format!(
-            "postgres://postgres@127.0.0.1:5432/{}?options=-csearch_path%3D{schema}",
-            database()
-        ));
-        let admin = PgOrderStore::new(&settings.database).expect("store");
-        admin
-            .pool()
-            .get()
-            .await
-            .expect("database connection")
-            .batch_execute(&format!("CREATE SCHEMA {schema}"))
-            .await
-            .expect("create schema");
-        let store = Arc::new(PgOrderStore::new(&settings.database).expect("store"));
-        store.migrate().await.expect("migrate");
+        let (store, schema) = isolated_store(&mut settings).await;
 
         let connection = Connection::connect(&amqp_url(&vhost()), Default::default())
             .await

@@ -7,9 +7,10 @@ use std::time::Duration;
 use anyhow::Context;
 use lapin::options::{QueueDeleteOptions, QueuePurgeOptions};
 use lapin::{Channel, Connection};
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::ExposeSecret;
 use serde_json::Value;
 
+use crate::bench::world::with_search_path;
 use crate::broker;
 use crate::orders::PgOrderStore;
 use crate::settings::{QueueType, Settings};
@@ -243,12 +244,4 @@ fn rabbitmqctl(args: &[&str]) -> anyhow::Result<String> {
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// `url` with `search_path` set to `schema`, so the benchmark's `orders` table is
-/// its own.
-fn with_search_path(url: &SecretString, schema: &str) -> SecretString {
-    let raw = url.expose_secret();
-    let sep = if raw.contains('?') { '&' } else { '?' };
-    SecretString::from(format!("{raw}{sep}options=-csearch_path%3D{schema}"))
 }
