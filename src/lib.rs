@@ -2,56 +2,59 @@
 //! closes, using RabbitMQ dead-lettering through a ladder of fixed-TTL queues.
 //!
 //! The order service links this crate and calls [`Scheduler::schedule`] when it
-//! creates an order; the `order-expiry serve` consumer cancels the order at its due
-//! time if, and only if, it is still unpaid.
+//! creates an order; the `order-expiry serve` consumer cancels the order at its
+//! due time if, and only if, it is still unpaid.
+//!
+//! # Features
+//!
+//! - `service` (default): the consumer service ([`Service`], [`Consumer`], the
+//!   orders store, the sweeper, HTTP, telemetry) and the `order-expiry` binary.
+//!   With `default-features = false` a dependent gets the publisher only:
+//!   [`Scheduler`], the [`Ladder`], [`ExpiryMessage`] and [`OrderId`], the
+//!   [`Topology`] and its [`definitions_json`] export, and [`Settings`], without
+//!   axum, PostgreSQL, clap or the Prometheus exporter.
 //!
 //! # Layout
 //!
-//! - [`ladder`]: delay → entry exchange and routing key; level names. Pure.
-//! - [`message`]: the v1 wire format: encode, decode, validate. Pure.
-//! - [`topology`]: one description of exchanges, queues, bindings; declare or export.
-//! - [`definitions`]: what ops import: the topology in its own vhost plus least-privilege users.
-//! - [`scheduler`]: the publisher library (confirms, mandatory, typed errors).
-//! - [`consumer`]: delivery loop: hold until due, batch, ack / park / retry.
-//! - [`acks`]: which deliveries to ack, one `multiple` ack per finished run. Pure.
-//! - [`orders`]: the [`OrderStore`] trait and its PostgreSQL implementation.
-//! - [`service`]: consumer + sweeper + HTTP, built once for `main` and tests.
-//! - [`sweeper`]: safety net: periodically cancels unpaid orders long overdue.
-//! - [`http`]: `/healthz`, `/readyz`, `/metrics`.
-//! - [`cli`]: the `order-expiry` commands.
-//! - [`broker`]: bounded, password-safe connect; backoff.
-//! - [`settings`]: typed settings: defaults, file, `ORDER_EXPIRY__…` variables.
-//! - [`telemetry`]: tracing subscriber (text or JSON) and Prometheus recorder.
-//! - [`shutdown`]: SIGTERM / Ctrl-C → cancellation token.
-//! - [`demo`]: the end-to-end demo behind `order-expiry demo`.
-//! - [`bench`]: `order-expiry bench lateness|throughput` against the real services.
+//! - `publisher`: [`Scheduler`], [`ScheduleError`], the v1 [`ExpiryMessage`], [`OrderId`].
+//! - `topology`: ladder arithmetic, the one [`Topology`] description, declaring it, definitions export.
+//! - `amqp`: bounded, password-safe connect with TLS; the one timeout for broker awaits.
+//! - `settings`: typed [`Settings`]: `config/default.toml`, a file, `ORDER_EXPIRY__…` variables.
+//! - `telemetry`: the metrics catalog; with `service`, the tracing subscriber and Prometheus recorder.
+//! - `service` (feature): consumer session, acks, orders store, sweeper, HTTP, shutdown.
+//!
+//! The `order-expiry` binary adds `cli` (`serve`, `schedule`, `topology`,
+//! `migrate`, `demo`) on top of this API; the benchmarks are the workspace
+//! member `order-expiry-bench`.
 
 #![deny(unsafe_code)]
 #![warn(missing_debug_implementations, unreachable_pub, missing_docs)]
 
-pub mod acks;
-pub mod bench;
-pub mod broker;
-pub mod cli;
-pub mod consumer;
-pub mod definitions;
-pub mod demo;
-pub mod http;
-pub mod ladder;
-pub mod message;
-pub mod orders;
-pub mod scheduler;
-pub mod service;
-pub mod settings;
-pub mod shutdown;
-pub mod sweeper;
-pub mod telemetry;
-pub mod topology;
+mod amqp;
+mod publisher;
+#[cfg(feature = "service")]
+mod service;
+mod settings;
+mod telemetry;
+mod topology;
 
-pub use consumer::{Consumer, Handled, Outcome};
-pub use ladder::{Ladder, Route};
-pub use message::ExpiryMessage;
-pub use orders::{OrderStore, PgOrderStore};
-pub use scheduler::{ScheduleError, Scheduled, Scheduler};
-pub use service::Service;
-pub use settings::Settings;
+pub use crate::amqp::{BrokerError, ConnectError, TlsError, TlsFiles};
+pub use crate::publisher::{
+    ExpiryMessage, InvalidOrderId, Malformed, OrderId, ScheduleError, Scheduled, Scheduler,
+};
+#[cfg(feature = "service")]
+pub use crate::service::{
+    Arrival, Consumer, ConsumerError, Disposition, Handled, OrderStore, Outcome, PgOrderStore,
+    Readiness, Service, ServiceError, StoreError, Sweeper, cancel_batch, on_arrival,
+    shutdown_on_signal,
+};
+pub use crate::settings::{
+    AmqpSettings, ConsumerSettings, DatabaseSettings, ENV_PREFIX, HttpSettings, LogFormat,
+    LogSettings, PublisherSettings, QueueType, Settings, SweeperSettings, TopologySettings,
+};
+#[cfg(feature = "service")]
+pub use crate::telemetry::{init_tracing, init_tracing_for_tests};
+pub use crate::topology::{
+    CONSUMER_USER, DelayTooLong, Ladder, LadderError, PUBLISHER_USER, Route, Topology,
+    TopologyError, definitions_json,
+};

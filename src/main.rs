@@ -1,17 +1,19 @@
 //! `order-expiry`: parse the command line, load settings, start telemetry, dispatch.
 
+#![deny(unsafe_code)]
+#![warn(missing_debug_implementations, unreachable_pub, missing_docs)]
+
+mod cli;
+
 use anyhow::Context;
 use clap::Parser;
-use order_expiry::cli::{self, Cli};
-use order_expiry::{Settings, telemetry};
+use order_expiry::Settings;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Cli::parse();
+    let args = cli::Cli::parse();
     let settings = Settings::load(args.config.as_deref()).context("loading settings")?;
-    telemetry::init(
-        args.log_format.unwrap_or(settings.log.format),
-        &settings.log.filter,
-    );
+    let format = args.log_format.map_or(settings.log.format, Into::into);
+    order_expiry::init_tracing(format, &settings.log.filter);
     cli::run(args.command, settings).await
 }

@@ -24,7 +24,7 @@ const NO_SWEEPER: (&str, &str) = ("ORDER_EXPIRY__SWEEPER__ENABLED", "false");
 
 async fn broker_outage(name: &'static str, fault: Fault, env: &[(&str, &str)]) {
     let world = World::new(name).await;
-    let mut served = world.serve(env);
+    let mut served = world.serve(env).await;
     served.wait_ready(Duration::from_secs(30)).await;
     let watch = ReadyWatch::start(&served);
     let scheduler = Arc::new(world.scheduler());

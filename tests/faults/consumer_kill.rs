@@ -5,9 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use order_expiry::ExpiryMessage;
-
-use crate::support::{Ledger, World, at_ms, order, settle};
+use crate::support::{Ledger, World, at_ms, messages, order, settle};
 
 /// Orders early enough to be held unacked until due when the consumer dies.
 const HELD: usize = 300;
@@ -20,7 +18,7 @@ const LADDER: usize = 150;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumer_killed_holding_unacked_messages_loses_nothing_and_cancels_once() {
     let world = World::new("consumer kill -9").await;
-    let mut first = world.serve(&[]);
+    let mut first = world.serve(&[]).await;
     first.wait_ready(Duration::from_secs(30)).await;
 
     let held: Vec<_> = (0..HELD)
@@ -40,14 +38,8 @@ async fn consumer_killed_holding_unacked_messages_loses_nothing_and_cancels_once
     let ids: Vec<&str> = in_flight.iter().map(|(id, _)| id.as_str()).collect();
     let lock = world.lock_rows(&ids).await;
 
-    let messages = |group: &[(String, chrono::DateTime<chrono::Utc>)]| -> Vec<ExpiryMessage> {
-        group
-            .iter()
-            .map(|(id, due)| ExpiryMessage::new(id.as_str(), *due).unwrap())
-            .collect()
-    };
-    world.publish_due(&messages(&held)).await;
-    world.publish_due(&messages(&in_flight)).await;
+    world.publish_messages(&messages(&held)).await;
+    world.publish_messages(&messages(&in_flight)).await;
     let scheduler = world.scheduler();
     for (id, due) in &ladder {
         scheduler.schedule(id, *due).await.expect("schedule");
@@ -72,7 +64,10 @@ async fn consumer_killed_holding_unacked_messages_loses_nothing_and_cancels_once
     assert_eq!(world.depth(&due_queue).await, 0, "all delivered, unacked");
 
     first.signal("-KILL");
-    let status = first.wait_exit(Duration::from_secs(5)).expect("killed");
+    let status = first
+        .wait_exit(Duration::from_secs(5))
+        .await
+        .expect("killed");
     let killed_at = Instant::now();
     assert!(!status.success());
     // The broker returns everything the dead consumer held.
@@ -91,7 +86,7 @@ async fn consumer_killed_holding_unacked_messages_loses_nothing_and_cancels_once
     lock.release().await;
 
     let second_started_at = chrono::Utc::now();
-    let mut second = world.serve(&[]);
+    let mut second = world.serve(&[]).await;
     let started = Instant::now();
     let mut ledger = Ledger::default();
     for (id, due) in held.iter().chain(&in_flight).chain(&ladder) {

@@ -5,10 +5,8 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
+use crate::support::{Ledger, World, at_ms, messages, order, settle};
 use chrono::Utc;
-use order_expiry::ExpiryMessage;
-
-use crate::support::{Ledger, World, at_ms, order, settle};
 
 /// Due at once, published in bursts while the consumer works through them.
 const DUE: usize = 4000;
@@ -23,7 +21,7 @@ async fn sigterm_under_load_exits_zero_and_hands_back_what_it_did_not_finish() {
     let world = World::new("graceful shutdown").await;
     let drain = DRAIN_TIMEOUT_MS.to_string();
     let env = [("ORDER_EXPIRY__CONSUMER__DRAIN_TIMEOUT_MS", drain.as_str())];
-    let mut first = world.serve(&env);
+    let mut first = world.serve(&env).await;
     first.wait_ready(Duration::from_secs(30)).await;
 
     let due: Vec<_> = (0..DUE)
@@ -34,20 +32,14 @@ async fn sigterm_under_load_exits_zero_and_hands_back_what_it_did_not_finish() {
         .map(|i| order(format!("held-{i}"), at_ms(HELD_FOR_MS + i as i64)))
         .collect();
     world.create_orders(&held).await;
-    let to_messages = |group: &[(String, chrono::DateTime<chrono::Utc>)]| -> Vec<ExpiryMessage> {
-        group
-            .iter()
-            .map(|(id, at)| ExpiryMessage::new(id.as_str(), *at).unwrap())
-            .collect()
-    };
-    world.publish_due(&to_messages(&held)).await;
+    world.publish_messages(&messages(&held)).await;
     // Publish the due ones in bursts in the background; SIGTERM lands mid-stream.
     let publisher = {
-        let messages = to_messages(&due);
+        let due_messages = messages(&due);
         let world_ref = &world;
         async move {
-            for chunk in messages.chunks(500) {
-                world_ref.publish_due(chunk).await;
+            for chunk in due_messages.chunks(500) {
+                world_ref.publish_messages(chunk).await;
             }
         }
     };
@@ -73,6 +65,7 @@ async fn sigterm_under_load_exits_zero_and_hands_back_what_it_did_not_finish() {
     );
     let status = first
         .wait_exit(Duration::from_millis(DRAIN_TIMEOUT_MS) + Duration::from_secs(5))
+        .await
         .expect("exits after SIGTERM");
     let took = sent_at.elapsed();
     assert!(status.success(), "exit status {status}");
@@ -109,7 +102,7 @@ async fn sigterm_under_load_exits_zero_and_hands_back_what_it_did_not_finish() {
     let cancelled_by_first = cancelled.len();
 
     // The next consumer finishes the job.
-    let second = world.serve(&env);
+    let second = world.serve(&env).await;
     let mut ledger = Ledger::default();
     for (id, at) in held.iter().chain(&due) {
         ledger.add(id, *at, true, false);
@@ -141,7 +134,7 @@ async fn sigterm_with_cancels_stuck_in_the_database_exits_at_the_drain_timeout()
     let world = World::new("shutdown with stuck cancels").await;
     let drain = SHORT_DRAIN_MS.to_string();
     let env = [("ORDER_EXPIRY__CONSUMER__DRAIN_TIMEOUT_MS", drain.as_str())];
-    let mut first = world.serve(&env);
+    let mut first = world.serve(&env).await;
     first.wait_ready(Duration::from_secs(30)).await;
 
     let stuck: Vec<_> = (0..STUCK)
@@ -150,11 +143,7 @@ async fn sigterm_with_cancels_stuck_in_the_database_exits_at_the_drain_timeout()
     world.create_orders(&stuck).await;
     let ids: Vec<&str> = stuck.iter().map(|(id, _)| id.as_str()).collect();
     let lock = world.lock_rows(&ids).await;
-    let messages: Vec<ExpiryMessage> = stuck
-        .iter()
-        .map(|(id, at)| ExpiryMessage::new(id.as_str(), *at).unwrap())
-        .collect();
-    world.publish_due(&messages).await;
+    world.publish_messages(&messages(&stuck)).await;
     let deadline = Instant::now() + Duration::from_secs(15);
     while lock.blocked().await < 1 {
         assert!(Instant::now() < deadline, "no cancel ever blocked");
@@ -165,6 +154,7 @@ async fn sigterm_with_cancels_stuck_in_the_database_exits_at_the_drain_timeout()
     let sent_at = Instant::now();
     let status = first
         .wait_exit(Duration::from_secs(15))
+        .await
         .expect("exits after SIGTERM");
     let took = sent_at.elapsed();
     assert!(status.success(), "exit status {status}");
@@ -186,7 +176,7 @@ async fn sigterm_with_cancels_stuck_in_the_database_exits_at_the_drain_timeout()
     // The dead process's statements still commit once the lock goes; the next
     // consumer finds those orders already cancelled and only acks them.
     lock.release().await;
-    let second = world.serve(&env);
+    let second = world.serve(&env).await;
     let mut ledger = Ledger::default();
     for (id, at) in &stuck {
         ledger.add(id, *at, true, false);

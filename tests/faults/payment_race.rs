@@ -19,7 +19,7 @@ const JITTER_MS: i64 = 25;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payments_racing_the_due_time_are_never_cancelled() {
     let world = World::new("payment race").await;
-    let served = world.serve(&[]);
+    let served = world.serve(&[]).await;
     served.wait_ready(Duration::from_secs(30)).await;
 
     // Due 3-5 s from now, 5 ms apart.

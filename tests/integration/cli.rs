@@ -3,14 +3,13 @@
 
 use std::process::Stdio;
 
+use order_expiry_testkit::{World, amqp_url};
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
-use crate::helpers::{TestEnv, amqp_url, vhost};
-
-fn binary(env: &TestEnv) -> Command {
+fn binary(env: &World) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_order-expiry"));
-    cmd.env("ORDER_EXPIRY__AMQP__URL", amqp_url(&vhost()))
+    cmd.env("ORDER_EXPIRY__AMQP__URL", amqp_url())
         .env(
             "ORDER_EXPIRY__TOPOLOGY__PREFIX",
             &env.settings.topology.prefix,
@@ -35,7 +34,7 @@ async fn run_with_stdin(mut cmd: Command, input: &str) -> std::process::Output {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schedule_stdin_confirms_every_line() {
-    let env = TestEnv::new().await;
+    let env = World::new().await;
     let mut cmd = binary(&env);
     cmd.args(["schedule", "--stdin"]);
     let input = "{\"order_id\": \"s-1\", \"delay_ms\": 0}\n\n{\"order_id\": \"s-2\", \"due_at\": \"2020-01-01T00:00:00Z\"}\n";
@@ -51,7 +50,7 @@ async fn schedule_stdin_confirms_every_line() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schedule_stdin_names_the_bad_line_and_schedules_nothing() {
-    let env = TestEnv::new().await;
+    let env = World::new().await;
     let mut cmd = binary(&env);
     cmd.args(["schedule", "--stdin"]);
     let input = "{\"order_id\": \"s-1\", \"delay_ms\": 0}\n{\"order_id\": \"s-2\"}\n";
@@ -65,7 +64,7 @@ async fn schedule_stdin_names_the_bad_line_and_schedules_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schedule_one_order_with_a_delay() {
-    let env = TestEnv::new().await;
+    let env = World::new().await;
     let mut cmd = binary(&env);
     cmd.args(["schedule", "--order-id", "one-1", "--delay", "0s"]);
     let out = run_with_stdin(cmd, "").await;

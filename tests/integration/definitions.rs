@@ -13,15 +13,14 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
-use order_expiry::consumer::Outcome;
-use order_expiry::definitions::{self, CONSUMER_USER, PUBLISHER_USER};
-use order_expiry::http::Readiness;
-use order_expiry::{Consumer, Scheduler, Settings};
+use order_expiry::{
+    CONSUMER_USER, Consumer, Outcome, PUBLISHER_USER, Readiness, Scheduler, Settings,
+    definitions_json,
+};
+use order_expiry_testkit::{World, amqp_port, at_ms, rabbitmqctl};
 use secrecy::SecretString;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
-
-use crate::helpers::{at_ms, drop_schema, isolated_store, rabbitmqctl};
 
 fn repo_definitions() -> String {
     std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/definitions.json"))
@@ -30,8 +29,8 @@ fn repo_definitions() -> String {
 
 #[test]
 fn definitions_json_matches_the_export_of_the_default_settings() {
-    let settings = Settings::load_without_env(None).unwrap();
-    let expected = definitions::export_string(
+    let settings = Settings::default();
+    let expected = definitions_json(
         &settings.ladder().unwrap(),
         &settings.topology,
         &settings.topology.vhost,
@@ -92,7 +91,8 @@ impl Imported {
     }
 
     fn url(&self, user: &str, password: &str) -> String {
-        format!("amqp://{user}:{password}@127.0.0.1:5672/{}", self.vhost)
+        let port = amqp_port();
+        format!("amqp://{user}:{password}@127.0.0.1:{port}/{}", self.vhost)
     }
 
     /// Ready messages in a queue, asked of rabbitmqctl (no AMQP user involved).
@@ -177,7 +177,7 @@ async fn publish(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn imported_users_have_least_privilege_and_suffice() {
-    order_expiry::telemetry::init_for_tests();
+    order_expiry::init_tracing_for_tests();
     let imported = Imported::new();
     // No password in the file: both users exist but cannot log in yet.
     assert!(
@@ -205,9 +205,15 @@ async fn imported_users_have_least_privilege_and_suffice() {
     assert!(!permitted.contains("guest"), "{permitted}");
 
     // The publisher schedules through the ladder and straight into the due exchange.
-    let mut settings = Settings::load_without_env(None).unwrap();
+    // The default settings (prefix `orders`, as in the file), with a schema of
+    // their own in the test database.
+    let world = World::builder().declare(false).build().await.unwrap();
+    let mut settings = Settings {
+        database: world.settings.database.clone(),
+        ..Settings::default()
+    };
     settings.amqp.url = SecretString::from(publisher_url.clone());
-    let (store, schema) = isolated_store(&mut settings).await;
+    let store = Arc::clone(&world.store);
     let through_ladder = (String::from("lp-ladder"), at_ms(3_500));
     let past_due = (String::from("lp-past"), at_ms(-1_000));
     for (id, due_at) in [&through_ladder, &past_due] {
@@ -280,7 +286,7 @@ async fn imported_users_have_least_privilege_and_suffice() {
     // The real consumer, with the consumer user only: it re-declares its part,
     // cancels both orders and parks the malformed body.
     settings.amqp.url = SecretString::from(consumer_url.clone());
-    settings.amqp.reconnect_max_ms = 500;
+    settings.amqp.reconnect_max = Duration::from_millis(500);
     let mut consumer = Consumer::new(
         &settings,
         Arc::clone(&store),
@@ -293,7 +299,7 @@ async fn imported_users_have_least_privilege_and_suffice() {
     let mut got = Vec::new();
     while got.len() < 3 {
         match tokio::time::timeout(Duration::from_secs(15), outcomes.recv()).await {
-            Ok(Some(handled)) => got.push((handled.order_id, handled.outcome)),
+            Ok(Some(handled)) => got.push((handled.order_id.map(String::from), handled.outcome)),
             _ => panic!("the consumer user handled only {got:?} within 15 s"),
         }
     }
@@ -340,5 +346,5 @@ async fn imported_users_have_least_privilege_and_suffice() {
         .await
         .expect("consumer stops")
         .unwrap();
-    drop_schema(&store, &schema).await;
+    world.cleanup().await;
 }

@@ -1,17 +1,17 @@
 //! Timeliness end to end: orders with mixed delays, published long-first, are
-//! cancelled no earlier than due and well within a second after.
+//! cancelled no earlier than due and well within a second after; a message held
+//! until due survives its consumer stopping or being killed.
 
 use std::time::Duration;
 
 use chrono::TimeDelta;
-use order_expiry::{ExpiryMessage, Outcome, Scheduler};
+use order_expiry::{Outcome, Scheduler};
+use order_expiry_testkit::{Served, World, at_ms, message};
 use rand::seq::SliceRandom;
-
-use crate::helpers::{TestEnv, at_ms};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_delays_published_long_first_are_cancelled_on_time() {
-    let env = TestEnv::new().await;
+    let env = World::new().await;
     let mut consumer = env.start_consumer();
     // 120 orders, delays 1-10 s in ms steps, shuffled then sorted long-first: the
     // order that defeats a single holding queue.
@@ -56,13 +56,12 @@ async fn mixed_delays_published_long_first_are_cancelled_on_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_arriving_early_is_held_until_due_at() {
-    let env = TestEnv::new().await;
+    let env = World::new().await;
     env.create_orders(&[("early-1".into(), at_ms(1_500))]).await;
     let (_, due_at, _) = env.order("early-1").await;
     let mut consumer = env.start_consumer();
     // Straight into the due queue, 1.5 s before it is due.
-    env.publish_message(&ExpiryMessage::new("early-1", due_at).unwrap())
-        .await;
+    env.publish_message(&message("early-1", due_at)).await;
     let handled = consumer.next_n(1, Duration::from_secs(10)).await;
     assert_eq!(handled[0].outcome, Outcome::Cancelled);
     let (status, due_at, cancelled_at) = env.order("early-1").await;
@@ -74,12 +73,11 @@ async fn a_message_arriving_early_is_held_until_due_at() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_message_survives_the_consumer_stopping() {
-    let env = TestEnv::new().await;
+    let env = World::new().await;
     env.create_orders(&[("held-1".into(), at_ms(2_000))]).await;
     let (_, due_at, _) = env.order("held-1").await;
     let first = env.start_consumer();
-    env.publish_message(&ExpiryMessage::new("held-1", due_at).unwrap())
-        .await;
+    env.publish_message(&message("held-1", due_at)).await;
     // Let the first consumer take the message and hold it, then stop it.
     tokio::time::sleep(Duration::from_millis(500)).await;
     first.stop().await;
@@ -91,5 +89,46 @@ async fn a_held_message_survives_the_consumer_stopping() {
     let (_, due_at, cancelled_at) = env.order("held-1").await;
     assert!(cancelled_at.unwrap() >= due_at);
     second.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_consumer_while_it_holds_a_message_loses_nothing() {
+    let env = World::new().await;
+    env.create_orders(&[("kill-1".into(), at_ms(3_000))]).await;
+    let (_, due_at, _) = env.order("kill-1").await;
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_order-expiry"));
+    let log = std::env::temp_dir().join(format!("order-expiry-kill-{}.log", env.id));
+    let mut served = Served::start(binary, &env.settings, &[], log).await;
+    env.publish_message(&message("kill-1", due_at)).await;
+    // Wait until the child has taken it (no longer ready in the queue), then kill -9.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while env.depth(&env.ladder().due_queue()).await > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "serve never took the message"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    served.signal("-KILL");
+    served
+        .wait_exit(Duration::from_secs(5))
+        .await
+        .expect("killed");
+    assert_eq!(
+        env.order("kill-1").await.0,
+        "unpaid",
+        "held, not processed early"
+    );
+
+    let mut consumer = env.start_consumer();
+    let handled = consumer.next_n(1, Duration::from_secs(10)).await;
+    assert_eq!(handled[0].outcome, Outcome::Cancelled);
+    let (_, due_at, cancelled_at) = env.order("kill-1").await;
+    assert!(
+        cancelled_at.expect("cancelled") >= due_at,
+        "cancelled before due_at"
+    );
+    consumer.stop().await;
     env.cleanup().await;
 }

@@ -3,10 +3,9 @@
 use std::time::Duration;
 
 use order_expiry::Service;
+use order_expiry_testkit::World;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
-
-use crate::helpers::TestEnv;
 
 async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -21,7 +20,7 @@ async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_readiness_and_metrics() {
-    let env = TestEnv::new().await;
+    let env = World::new().await;
     let service = Service::build(&env.settings).await.unwrap();
     let addr = service.http_addr().unwrap();
     let readiness = service.readiness();
@@ -42,7 +41,7 @@ async fn health_readiness_and_metrics() {
 
     let scheduler = order_expiry::Scheduler::from_settings(&env.settings).unwrap();
     scheduler
-        .schedule("m-unknown", crate::helpers::at_ms(-1))
+        .schedule("m-unknown", order_expiry_testkit::at_ms(-1))
         .await
         .unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

@@ -1,12 +1,14 @@
-//! Integration tests against the real RabbitMQ and PostgreSQL (see `helpers.rs`).
-//! One binary, so the shared set-up runs once and the tests run in parallel.
+//! Integration tests against the real RabbitMQ and PostgreSQL. Every test
+//! builds its own isolated world (`order_expiry_testkit::World`: a topology
+//! prefix in the test vhost and a schema in the test database), so the tests
+//! run in parallel in one binary. `docs` and `dependencies` need no services.
 
 mod cli;
 mod definitions;
 mod delivery;
-mod helpers;
+mod dependencies;
+mod docs;
 mod http;
-mod lateness;
 mod payments;
 mod poison;
 mod poison_corpus;

@@ -3,14 +3,12 @@
 
 use std::time::Duration;
 
-use order_expiry::consumer::cancel_batch;
-use order_expiry::{ExpiryMessage, Outcome, Scheduler};
-
-use crate::helpers::{TestEnv, at_ms};
+use order_expiry::{Outcome, Scheduler, cancel_batch};
+use order_expiry_testkit::{World, at_ms, message};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paid_orders_stay_paid_and_cancelled_ones_stay_cancelled() {
-    let env = TestEnv::new().await;
+    let env = World::new().await;
     let orders: Vec<(String, _)> = (0..20)
         .map(|i| (format!("pay-{i}"), at_ms(2_000)))
         .collect();
@@ -53,29 +51,29 @@ async fn paid_orders_stay_paid_and_cancelled_ones_stay_cancelled() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_message_twice_changes_nothing_the_second_time() {
-    let env = TestEnv::new().await;
+    let env = World::new().await;
     env.create_orders(&[("dup-1".into(), at_ms(-10))]).await;
     let (_, due_at, _) = env.order("dup-1").await;
-    let message = ExpiryMessage::new("dup-1", due_at).unwrap();
+    let dup_1 = message("dup-1", due_at);
 
     // The unit of work, twice.
-    let first = cancel_batch(env.store.as_ref(), &[&message]).await.unwrap();
+    let first = cancel_batch(env.store.as_ref(), &[&dup_1]).await.unwrap();
     let cancelled_at = env.order("dup-1").await.2;
-    let second = cancel_batch(env.store.as_ref(), &[&message]).await.unwrap();
+    let second = cancel_batch(env.store.as_ref(), &[&dup_1]).await.unwrap();
     assert_eq!(first, [Outcome::Cancelled]);
     assert_eq!(second, [Outcome::NotUnpaid]);
     assert_eq!(env.order("dup-1").await.2, cancelled_at);
 
     // And end to end: the broker delivers it twice (and once more in one batch).
     env.create_orders(&[("dup-2".into(), at_ms(-10))]).await;
-    let message = ExpiryMessage::new("dup-2", env.order("dup-2").await.1).unwrap();
+    let dup_2 = message("dup-2", env.order("dup-2").await.1);
     let mut consumer = env.start_consumer();
-    env.publish_message(&message).await;
+    env.publish_message(&dup_2).await;
     let handled = consumer.next_n(1, Duration::from_secs(10)).await;
     assert_eq!(handled[0].outcome, Outcome::Cancelled);
     let cancelled_at = env.order("dup-2").await.2;
-    env.publish_message(&message).await;
-    env.publish_message(&message).await;
+    env.publish_message(&dup_2).await;
+    env.publish_message(&dup_2).await;
     let handled = consumer.next_n(2, Duration::from_secs(10)).await;
     assert!(handled.iter().all(|h| h.outcome == Outcome::NotUnpaid));
     assert_eq!(env.order("dup-2").await.2, cancelled_at);
@@ -85,9 +83,9 @@ async fn the_same_message_twice_changes_nothing_the_second_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_order_is_acked_and_counted_not_retried() {
-    let env = TestEnv::new().await;
+    let env = World::new().await;
     let mut consumer = env.start_consumer();
-    env.publish_message(&ExpiryMessage::new("no-such-order", at_ms(-5)).unwrap())
+    env.publish_message(&message("no-such-order", at_ms(-5)))
         .await;
     let handled = consumer.next_n(1, Duration::from_secs(10)).await;
     assert_eq!(handled[0].outcome, Outcome::Unknown);

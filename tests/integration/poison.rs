@@ -6,17 +6,14 @@ use std::time::Duration;
 use lapin::BasicProperties;
 use lapin::types::AMQPValue;
 use order_expiry::Outcome;
-
-use crate::helpers::{TestEnv, at_ms};
+use order_expiry_testkit::{World, at_ms, message};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_messages_are_parked_with_a_reason_and_good_ones_still_handled() {
-    let env = TestEnv::new().await;
+    let env = World::new().await;
     env.create_orders(&[("good-1".into(), at_ms(-10))]).await;
     let due = env.order("good-1").await.1;
-    let good = order_expiry::ExpiryMessage::new("good-1", due)
-        .unwrap()
-        .encode();
+    let good = message("good-1", due).encode();
     let long_id = format!(
         r#"{{"v":1,"order_id":"{}","due_at":"2026-01-01T00:00:00Z"}}"#,
         "x".repeat(129)

@@ -8,8 +8,7 @@ use std::time::Duration;
 use lapin::BasicProperties;
 use lapin::types::AMQPValue;
 use order_expiry::Outcome;
-
-use crate::helpers::{TestEnv, at_ms};
+use order_expiry_testkit::{World, at_ms};
 
 const DUE: &str = "2026-01-01T00:00:00.000Z";
 
@@ -198,7 +197,7 @@ fn corpus() -> Vec<Case> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_poison_message_is_parked_once_with_a_precise_reason() {
-    let env = TestEnv::new().await;
+    let env = World::new().await;
     let cases = corpus();
     // Good messages, one after every third bad one, in the accepted variants.
     let good_ids: Vec<String> = (0..cases.len().div_ceil(3))

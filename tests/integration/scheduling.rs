@@ -7,26 +7,24 @@ use lapin::ExchangeKind;
 use lapin::options::ExchangeDeclareOptions;
 use lapin::types::FieldTable;
 use order_expiry::{Ladder, ScheduleError, Scheduler};
+use order_expiry_testkit::{World, amqp_url, at_ms};
 use secrecy::SecretString;
 
-use crate::helpers::{TestEnv, amqp_url, at_ms, vhost};
-
 fn scheduler_for(prefix: &str, levels: u8) -> Scheduler {
-    Scheduler::new(
-        SecretString::from(amqp_url(&vhost())),
-        Ladder::new(prefix, levels).unwrap(),
-        Duration::from_secs(5),
-        100,
-    )
+    let ladder = Ladder::new(prefix, levels).unwrap();
+    Scheduler::new(SecretString::from(amqp_url()), ladder)
+        .with_timeout(Duration::from_secs(5))
+        .with_max_in_flight(100)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schedule_to_an_exchange_that_does_not_route_is_an_error() {
-    let env = TestEnv::new().await;
+    let env = World::new().await;
     let prefix = format!("{}-unbound", env.settings.topology.prefix);
     let ladder = Ladder::new(&prefix, 3).unwrap();
     // The due exchange exists but nothing is bound to it.
-    env.channel
+    env.channel()
+        .await
         .exchange_declare(
             ladder.due_exchange().as_str().into(),
             ExchangeKind::Topic,
@@ -47,7 +45,8 @@ async fn schedule_to_an_exchange_that_does_not_route_is_an_error() {
         other => panic!("expected a broker error, got {other:?}"),
     }
     let _ = env
-        .channel
+        .channel()
+        .await
         .exchange_delete(ladder.due_exchange().as_str().into(), Default::default())
         .await;
     let working = Scheduler::from_settings(&env.settings).unwrap();
@@ -59,7 +58,7 @@ async fn schedule_to_an_exchange_that_does_not_route_is_an_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schedule_rejects_bad_input_before_publishing() {
-    let env = TestEnv::new().await;
+    let env = World::new().await;
     let scheduler = Scheduler::from_settings(&env.settings).unwrap();
     let max = env.ladder().max_delay_secs() as i64;
     assert!(matches!(
@@ -82,7 +81,7 @@ async fn schedule_rejects_bad_input_before_publishing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_due_time_in_the_past_is_delivered_at_once() {
-    let env = TestEnv::new().await;
+    let env = World::new().await;
     let scheduler = Scheduler::from_settings(&env.settings).unwrap();
     let scheduled = scheduler.schedule("past-1", at_ms(-60_000)).await.unwrap();
     assert_eq!(scheduled.route.exchange, env.ladder().due_exchange());

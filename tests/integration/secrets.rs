@@ -7,10 +7,9 @@
 use std::process::Stdio;
 use std::time::Duration;
 
+use order_expiry_testkit::{World, amqp_port, database, free_port, rabbitmqctl, vhost};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
-
-use crate::helpers::{TestEnv, free_port, rabbitmqctl, test_database, vhost};
 
 /// A password no output could contain by accident; `%21` is `!` once decoded,
 /// so both spellings are looked for.
@@ -131,7 +130,11 @@ async fn failing_commands_and_a_failing_service_never_show_the_password() {
     let secret = Secret::new();
     let pw = secret.in_url();
     let closed = free_port();
-    let wrong_amqp = format!("amqp://order-expiry-leak:{pw}@127.0.0.1:5672/{}", vhost());
+    let wrong_amqp = format!(
+        "amqp://order-expiry-leak:{pw}@127.0.0.1:{}/{}",
+        amqp_port(),
+        vhost()
+    );
     let unreachable_amqp = format!("amqp://order-expiry-leak:{pw}@127.0.0.1:{closed}/x");
     let unreachable_db = format!("postgres://leak:{pw}@127.0.0.1:{closed}/x");
     let invalid_amqp = format!("amqp:order-expiry-leak:{pw}@127.0.0.1");
@@ -224,7 +227,7 @@ async fn failing_commands_and_a_failing_service_never_show_the_password() {
 async fn a_working_service_logs_json_spans_and_never_the_password() {
     let secret = Secret::new();
     let pw = secret.in_url();
-    let env = TestEnv::new().await;
+    let env = World::new().await;
     // A broker user with the known password (PostgreSQL trusts 127.0.0.1 and
     // ignores the password, which is still in the URL).
     let user = format!("order-expiry-leak-{}", &env.settings.topology.prefix);
@@ -240,11 +243,11 @@ async fn a_working_service_logs_json_spans_and_never_the_password() {
         ".*",
         ".*",
     ]);
-    let amqp = format!("amqp://{user}:{pw}@127.0.0.1:5672/{}", vhost());
+    let amqp = format!("amqp://{user}:{pw}@127.0.0.1:{}/{}", amqp_port(), vhost());
     let database = format!(
         "postgres://postgres:{pw}@127.0.0.1:5432/{}?options=-csearch_path%3D{}",
-        test_database(),
-        env.schema
+        database(),
+        env.schema()
     );
     let port = free_port();
     let vars = [
@@ -268,7 +271,7 @@ async fn a_working_service_logs_json_spans_and_never_the_password() {
     assert_eq!(status, 200, "{readyz}");
 
     let order = format!("leak-{}", env.settings.topology.prefix);
-    let due_at = crate::helpers::at_ms(300);
+    let due_at = order_expiry_testkit::at_ms(300);
     env.create_orders(&[(order.clone(), due_at)]).await;
     let (ok, scheduled) = output(binary(
         &[

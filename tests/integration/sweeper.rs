@@ -5,24 +5,22 @@
 
 use std::time::{Duration, Instant};
 
-use order_expiry::Service;
-use order_expiry::sweeper::Sweeper;
+use order_expiry::{Service, Sweeper};
+use order_expiry_testkit::{World, at_ms};
 use tokio_util::sync::CancellationToken;
-
-use crate::helpers::{TestEnv, at_ms};
 
 const GRACE_MS: i64 = 1500;
 
-async fn status(env: &TestEnv, id: &str) -> String {
+async fn status(env: &World, id: &str) -> String {
     env.order(id).await.0
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sweeper_cancels_overdue_unpaid_orders_that_never_got_a_message() {
-    let mut env = TestEnv::new().await;
+    let mut env = World::new().await;
     env.settings.sweeper.enabled = true;
-    env.settings.sweeper.interval_ms = 200;
-    env.settings.sweeper.grace_ms = GRACE_MS as u64;
+    env.settings.sweeper.interval = Duration::from_millis(200);
+    env.settings.sweeper.grace = Duration::from_millis(GRACE_MS as u64);
     env.settings.sweeper.batch_max = 7; // several statements per sweep
 
     // No message was ever scheduled for any of these.
@@ -90,7 +88,7 @@ async fn the_sweeper_cancels_overdue_unpaid_orders_that_never_got_a_message() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sweep_uses_the_atomic_statement_and_a_disabled_sweeper_does_nothing() {
-    let mut env = TestEnv::new().await;
+    let mut env = World::new().await;
     env.create_orders(&[
         ("old-1".into(), at_ms(-600_000)),
         ("old-2".into(), at_ms(-600_000)),
@@ -101,8 +99,8 @@ async fn a_sweep_uses_the_atomic_statement_and_a_disabled_sweeper_does_nothing()
 
     // Turned off: `serve` runs no sweeper.
     env.settings.sweeper.enabled = false;
-    env.settings.sweeper.interval_ms = 50;
-    env.settings.sweeper.grace_ms = 0;
+    env.settings.sweeper.interval = Duration::from_millis(50);
+    env.settings.sweeper.grace = Duration::ZERO;
     let service = Service::build(&env.settings).await.unwrap();
     let stop = CancellationToken::new();
     let task = tokio::spawn(service.run(stop.clone()));

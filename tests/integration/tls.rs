@@ -6,12 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use order_expiry::broker::{self, ConnectError, TlsFiles};
-use order_expiry::consumer::Outcome;
-use order_expiry::{ScheduleError, Scheduler};
+use order_expiry::{ConnectError, Ladder, Outcome, ScheduleError, Scheduler, TlsFiles};
+use order_expiry_testkit::{World, at_ms, free_port, rabbitmqctl, vhost};
 use secrecy::SecretString;
-
-use crate::helpers::{TestEnv, at_ms, free_port, rabbitmqctl, vhost};
 
 /// A throw-away PKI: a CA, a server certificate for 127.0.0.1 and a client
 /// certificate it signed, and an unrelated CA.
@@ -221,11 +218,27 @@ fn tls(ca: Option<PathBuf>, cert: Option<PathBuf>, key: Option<PathBuf>) -> TlsF
     }
 }
 
+/// Connects as the publisher does (`Scheduler::connect`: connection, channel,
+/// confirm mode) to `url` with `files`, within 5 s.
+async fn connect(url: &SecretString, files: TlsFiles) -> Result<(), ConnectError> {
+    let ladder = Ladder::new("tls", 1).unwrap();
+    let scheduler = Scheduler::new(url.clone(), ladder)
+        .with_tls(files)
+        .with_timeout(Duration::from_secs(5));
+    let connected = scheduler.connect().await;
+    scheduler.close().await;
+    match connected {
+        Ok(()) => Ok(()),
+        Err(ScheduleError::Connect(error)) => Err(error),
+        Err(other) => panic!("connected, then failed: {other}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amqps_schedules_and_consumes_and_a_wrong_ca_fails_clearly() {
     let pki = Pki::new();
     let listener = TlsListener::start(&pki, false);
-    let mut env = TestEnv::new().await;
+    let mut env = World::new().await;
     env.settings.amqp.url = listener.url();
     env.settings.amqp.tls_ca_file = Some(pki.path("ca.pem"));
 
@@ -269,37 +282,27 @@ async fn amqps_schedules_and_consumes_and_a_wrong_ca_fails_clearly() {
     assert!(!text.contains("guest:guest"), "{text}");
 
     // No CA file: the system roots do not know the test CA either.
-    let error = broker::connect_tls(
-        &listener.url(),
-        &TlsFiles::default(),
-        "t",
-        Duration::from_secs(5),
-    )
-    .await
-    .expect_err("an unknown issuer must not connect");
+    let error = connect(&listener.url(), TlsFiles::default())
+        .await
+        .expect_err("an unknown issuer must not connect");
     assert!(error.to_string().contains("certificate"), "{error}");
 
     // Misconfigurations are named before any network traffic.
     let missing = tls(Some(pki.path("missing.pem")), None, None);
-    let error = broker::connect_tls(&listener.url(), &missing, "t", Duration::from_secs(5))
+    let error = connect(&listener.url(), missing)
         .await
         .expect_err("a missing CA file");
     assert!(matches!(error, ConnectError::Tls { .. }), "{error:?}");
     assert!(error.to_string().contains("missing.pem"), "{error}");
     let not_a_ca = tls(Some(pki.path("server.ext")), None, None);
-    let error = broker::connect_tls(&listener.url(), &not_a_ca, "t", Duration::from_secs(5))
+    let error = connect(&listener.url(), not_a_ca)
         .await
         .expect_err("a CA file without certificates");
     assert!(error.to_string().contains("no PEM certificate"), "{error}");
-    let plain = SecretString::from(crate::helpers::amqp_url(&vhost()));
-    let error = broker::connect_tls(
-        &plain,
-        &tls(Some(pki.path("ca.pem")), None, None),
-        "t",
-        Duration::from_secs(5),
-    )
-    .await
-    .expect_err("TLS files with an amqp:// URL");
+    let plain = SecretString::from(order_expiry_testkit::amqp_url());
+    let error = connect(&plain, tls(Some(pki.path("ca.pem")), None, None))
+        .await
+        .expect_err("TLS files with an amqp:// URL");
     assert!(error.to_string().contains("not amqps://"), "{error}");
 
     env.cleanup().await;
@@ -315,23 +318,18 @@ async fn a_client_certificate_is_sent_when_the_broker_requires_one() {
         Some(pki.path("client.pem")),
         Some(pki.path("client.key")),
     );
-    let connection = broker::connect_tls(&listener.url(), &with_certificate, "t", timeout)
+    connect(&listener.url(), with_certificate)
         .await
-        .expect("mutual TLS with the client certificate");
-    connection
-        .create_channel()
-        .await
-        .expect("a channel over mutual TLS");
-    let _ = connection.close(200, "done".into()).await;
+        .expect("mutual TLS with the client certificate: connection, channel, confirm mode");
 
     let started = Instant::now();
     let without = tls(Some(pki.path("ca.pem")), None, None);
-    let result = broker::connect_tls(&listener.url(), &without, "t", timeout).await;
+    let result = connect(&listener.url(), without).await;
     assert!(result.is_err(), "the broker requires a client certificate");
     assert!(started.elapsed() < timeout, "took {:?}", started.elapsed());
 
     let half = tls(Some(pki.path("ca.pem")), Some(pki.path("client.pem")), None);
-    let error = broker::connect_tls(&listener.url(), &half, "t", timeout)
+    let error = connect(&listener.url(), half)
         .await
         .expect_err("a certificate without its key");
     assert!(error.to_string().contains("set together"), "{error}");

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use order_expiry::Scheduler;
-use order_expiry::orders::PgOrderStore;
+use order_expiry::{PgOrderStore, Scheduler};
+use order_expiry_testkit::OrderRow;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
@@ -67,7 +67,7 @@ pub struct Figures {
 }
 
 impl Figures {
-    fn from_rows(ledger: &Ledger, rows: &HashMap<String, Row>) -> Self {
+    fn from_rows(ledger: &Ledger, rows: &HashMap<String, OrderRow>) -> Self {
         let mut f = Figures {
             orders: ledger.orders.len(),
             ..Default::default()

@@ -6,30 +6,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// Ladder levels of every fault test: delays up to 63 s, quick to declare.
-pub const LEVELS: u8 = 6;
-const AMQP_PORT: u16 = 5672;
+use order_expiry_testkit::amqp_port;
+
 const PG_PORT: u16 = 5432;
-
-pub fn vhost() -> String {
-    std::env::var("ORDER_EXPIRY_TEST_VHOST").unwrap_or_else(|_| "order-expiry-test".into())
-}
-
-pub fn database() -> String {
-    std::env::var("ORDER_EXPIRY_TEST_DATABASE").unwrap_or_else(|_| "order_expiry_test".into())
-}
-
-pub fn amqp_url() -> String {
-    let encoded = vhost().replace('%', "%25").replace('/', "%2f");
-    format!("amqp://guest:guest@127.0.0.1:{AMQP_PORT}/{encoded}")
-}
-
-pub fn database_url(schema: &str) -> String {
-    format!(
-        "postgres://postgres@127.0.0.1:{PG_PORT}/{}?options=-csearch_path%3D{schema}",
-        database()
-    )
-}
 
 /// Runs a command to completion; its output on failure. The command starts with
 /// every file descriptor above stderr closed: a broker or database it (re)starts
@@ -74,13 +53,14 @@ fn wait_port(port: u16, timeout: Duration) -> bool {
 /// with its application stopped, `rabbitmq-server -detached` when the node is
 /// gone; then waits for the port and `await_startup`. Idempotent.
 pub fn ensure_broker_up() {
-    if !port_open(AMQP_PORT) {
+    let port = amqp_port();
+    if !port_open(port) {
         if run("rabbitmqctl", &["-q", "start_app"]).is_err() {
             let _ = run("rabbitmq-server", &["-detached"]);
         }
         assert!(
-            wait_port(AMQP_PORT, Duration::from_secs(90)),
-            "RabbitMQ did not open {AMQP_PORT} within 90 s"
+            wait_port(port, Duration::from_secs(90)),
+            "RabbitMQ did not open {port} within 90 s"
         );
     }
     let _ = run("rabbitmqctl", &["-q", "await_startup", "--timeout", "90"]);
@@ -209,7 +189,7 @@ impl Outage {
 
     fn port(&self) -> u16 {
         match self.fault {
-            Fault::BrokerStopApp | Fault::BrokerKill => AMQP_PORT,
+            Fault::BrokerStopApp | Fault::BrokerKill => amqp_port(),
             Fault::DatabaseStop => PG_PORT,
         }
     }

@@ -1,0 +1,171 @@
+//! The lateness figures: one row per design, read from the database, as a text
+//! table and JSON.
+
+use std::path::Path;
+
+use order_expiry_testkit::World;
+use serde::Serialize;
+
+use crate::percentile;
+
+/// One design's figures, in milliseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// `ladder` or `naive`.
+    pub design: String,
+    /// Orders scheduled.
+    pub orders: usize,
+    /// Orders cancelled.
+    pub cancelled: usize,
+    /// Orders still unpaid when the run ended (never cancelled: missed).
+    pub missed: usize,
+    /// Cancels before `due_at`.
+    pub early: usize,
+    /// Median lateness.
+    pub p50_ms: f64,
+    /// 90th percentile.
+    pub p90_ms: f64,
+    /// 99th percentile.
+    pub p99_ms: f64,
+    /// 99.9th percentile.
+    pub p999_ms: f64,
+    /// Worst.
+    pub max_ms: f64,
+    /// Every cancelled order's lateness, sorted.
+    #[serde(skip)]
+    pub lateness_ms: Vec<f64>,
+}
+
+/// The benchmark's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// One row per design.
+    pub rows: Vec<Row>,
+    /// Orders per second.
+    pub rate: u32,
+    /// Scheduling time, seconds.
+    pub duration_s: f64,
+    /// Delay range, seconds.
+    pub min_delay_s: f64,
+    /// Delay range, seconds.
+    pub max_delay_s: f64,
+    /// Share paid before due.
+    pub pay_share: f64,
+    /// Holding queue type of the ladder.
+    pub queue_type: String,
+}
+
+impl Row {
+    /// Figures from every cancelled order's lateness.
+    pub fn from_lateness(
+        design: &str,
+        orders: usize,
+        missed: usize,
+        mut lateness_ms: Vec<f64>,
+    ) -> Self {
+        lateness_ms.sort_by(f64::total_cmp);
+        Self {
+            design: design.to_owned(),
+            orders,
+            cancelled: lateness_ms.len(),
+            missed,
+            early: lateness_ms.iter().filter(|l| **l < 0.0).count(),
+            p50_ms: percentile(&lateness_ms, 50.0),
+            p90_ms: percentile(&lateness_ms, 90.0),
+            p99_ms: percentile(&lateness_ms, 99.0),
+            p999_ms: percentile(&lateness_ms, 99.9),
+            max_ms: lateness_ms.last().copied().unwrap_or(0.0),
+            lateness_ms,
+        }
+    }
+
+    /// The figures of the orders whose id matches `pattern`, from the database:
+    /// `cancelled_at - pay_deadline` of each cancelled one.
+    pub(super) async fn read(
+        world: &World,
+        design: &str,
+        pattern: &str,
+        orders: usize,
+    ) -> anyhow::Result<Self> {
+        let client = world.store.client().await?;
+        let lateness: Vec<f64> = client
+            .query(
+                "SELECT extract(epoch FROM cancelled_at - pay_deadline)::float8 * 1000
+                 FROM orders WHERE id LIKE $1 AND status = 'cancelled'",
+                &[&pattern],
+            )
+            .await?
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, _>>()?;
+        let missed: i64 = client
+            .query_one(
+                "SELECT count(*) FROM orders WHERE id LIKE $1 AND status = 'unpaid'",
+                &[&pattern],
+            )
+            .await?
+            .try_get(0)?;
+        Ok(Self::from_lateness(
+            design,
+            orders,
+            missed as usize,
+            lateness,
+        ))
+    }
+}
+
+/// Writes `lateness.json` (figures and every sorted lateness) into `dir`.
+pub(super) fn write_json(report: &Report, dir: &Path) -> anyhow::Result<std::path::PathBuf> {
+    let json = dir.join("lateness.json");
+    let mut value = serde_json::to_value(report)?;
+    for (row, out) in report
+        .rows
+        .iter()
+        .zip(value["rows"].as_array_mut().into_iter().flatten())
+    {
+        out["lateness_ms_sorted"] = serde_json::json!(row.lateness_ms);
+    }
+    std::fs::write(&json, serde_json::to_string_pretty(&value)?)?;
+    Ok(json)
+}
+
+/// The figures as a text table.
+pub fn table(report: &Report) -> String {
+    let mut out = format!(
+        "lateness of cancels: {} orders/s for {:.0} s, delays {:.0}-{:.0} s, {:.0}% paid before due, {} holding queues\n",
+        report.rate,
+        report.duration_s,
+        report.min_delay_s,
+        report.max_delay_s,
+        report.pay_share * 100.0,
+        report.queue_type
+    );
+    out.push_str(&format!(
+        "{:<8} {:>7} {:>9} {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+        "design", "orders", "cancelled", "missed", "early", "p50", "p90", "p99", "p99.9", "max"
+    ));
+    for r in &report.rows {
+        out.push_str(&format!(
+            "{:<8} {:>7} {:>9} {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+            r.design,
+            r.orders,
+            r.cancelled,
+            r.missed,
+            r.early,
+            fmt_ms(r.p50_ms),
+            fmt_ms(r.p90_ms),
+            fmt_ms(r.p99_ms),
+            fmt_ms(r.p999_ms),
+            fmt_ms(r.max_ms)
+        ));
+    }
+    out
+}
+
+fn fmt_ms(ms: f64) -> String {
+    if ms.abs() >= 10_000.0 {
+        format!("{:.1} s", ms / 1000.0)
+    } else {
+        format!("{ms:.1} ms")
+    }
+}

@@ -1,0 +1,41 @@
+//! order-expiry's benchmarks against the real local RabbitMQ and PostgreSQL:
+//! not tests, and not part of the product. Run them on a quiet machine through
+//! the `order-expiry-bench` binary and read the report.
+//!
+//! - [`lateness`]: how late (and whether ever early) orders are cancelled, for
+//!   the delay ladder and, with the same orders, one naive holding queue.
+//! - [`throughput`]: order-expiry against bare lapin through the same broker,
+//!   and its memory footprint.
+//!
+//! Each run lives in its own isolated world (`order_expiry_testkit::World`:
+//! topology prefix and PostgreSQL schema), removed at the end.
+
+#![deny(unsafe_code)]
+#![warn(missing_debug_implementations, unreachable_pub, missing_docs)]
+
+pub mod lateness;
+pub mod throughput;
+
+/// Percentile of sorted values by nearest rank; 0 for none.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percentile;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), 50.0);
+        assert_eq!(percentile(&v, 99.0), 99.0);
+        assert_eq!(percentile(&v, 99.9), 100.0);
+        assert_eq!(percentile(&v, 100.0), 100.0);
+        assert_eq!(percentile(&[], 50.0), 0.0);
+    }
+}

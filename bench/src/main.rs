@@ -1,0 +1,63 @@
+//! `order-expiry-bench lateness|throughput`: the benchmarks, with the settings
+//! of `order-expiry` (built-in defaults, `--config FILE`, `ORDER_EXPIRY__…`
+//! variables).
+
+#![deny(unsafe_code)]
+#![warn(missing_debug_implementations, unreachable_pub, missing_docs)]
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use order_expiry::{LogFormat, Settings};
+use order_expiry_bench::{lateness, throughput};
+
+/// Benchmarks of order-expiry against the local broker and database (not tests).
+#[derive(Debug, Parser)]
+#[command(name = "order-expiry-bench", version, about)]
+struct Cli {
+    /// Settings file (TOML) layered over the built-in defaults; environment
+    /// variables ORDER_EXPIRY__SECTION__KEY override both.
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Log format (overrides log.format).
+    #[arg(long, global = true, value_enum)]
+    log_format: Option<LogFormatArg>,
+    /// Which benchmark.
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// `--log-format`, as in `order-expiry`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormatArg {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The benchmarks.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Lateness of cancels: the ladder against one naive holding queue.
+    Lateness(lateness::LatenessArgs),
+    /// Throughput and footprint against bare lapin baselines.
+    Throughput(throughput::ThroughputArgs),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let settings = Settings::load(cli.config.as_deref()).context("loading settings")?;
+    let format = match cli.log_format {
+        Some(LogFormatArg::Text) => LogFormat::Text,
+        Some(LogFormatArg::Json) => LogFormat::Json,
+        None => settings.log.format,
+    };
+    order_expiry::init_tracing(format, &settings.log.filter);
+    match cli.command {
+        Command::Lateness(args) => lateness::run(&settings, &args).await,
+        Command::Throughput(args) => throughput::run(&settings, &args).await,
+    }
+}

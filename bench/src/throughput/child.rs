@@ -1,0 +1,86 @@
+//! Child processes of the benchmark: the real `order-expiry serve` for the drain
+//! and the footprint, and this benchmark in its publisher role, scheduling a
+//! million orders. A child has its own address space, so its peak RSS and CPU
+//! time in `/proc` are its own, not mixed with the benchmark's preloading and
+//! bookkeeping.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use order_expiry::Settings;
+use order_expiry_testkit::{Child, Launch, http_get, metric_value};
+use tokio::time::Instant;
+
+/// Starts `order-expiry serve` (next to this binary) with `settings`, at the
+/// production log level, under `wrap` when given.
+pub(super) fn serve(settings: &Settings, wrap: Option<&str>) -> anyhow::Result<Child> {
+    let exe = std::env::current_exe().context("locating order-expiry-bench")?;
+    let serve = exe.with_file_name("order-expiry");
+    if !serve.exists() {
+        bail!(
+            "{} is missing: build it next to the benchmark (cargo build --release --workspace)",
+            serve.display()
+        );
+    }
+    launch(serve, &["serve"], settings, wrap)
+        .spawn()
+        .context("starting order-expiry serve")
+}
+
+/// Starts this benchmark as `throughput --role schedule --orders n`, its
+/// reports on stdout.
+pub(super) fn publisher(
+    settings: &Settings,
+    n: usize,
+    wrap: Option<&str>,
+) -> anyhow::Result<Child> {
+    let exe = std::env::current_exe().context("locating order-expiry-bench")?;
+    let count = n.to_string();
+    let args = ["throughput", "--role", "schedule", "--orders", &count];
+    launch(exe, &args, settings, wrap)
+        .stdout()
+        .spawn()
+        .context("starting the publisher")
+}
+
+fn launch(program: PathBuf, args: &[&str], settings: &Settings, wrap: Option<&str>) -> Launch {
+    let log = std::env::temp_dir().join(format!(
+        "order-expiry-bench-{}-{}.log",
+        args.first().copied().unwrap_or("child"),
+        uuid::Uuid::new_v4().simple()
+    ));
+    Launch::new(program, log)
+        .args(args.iter().copied())
+        .settings(settings)
+        // The production default (info): per-delivery spans are created as in a
+        // real deployment. The log goes to a file.
+        .env("ORDER_EXPIRY__LOG__FILTER", "info")
+        .wrap(wrap)
+}
+
+/// Polls the child's `/metrics` on `port` every `every` until `n` orders are
+/// cancelled; the instant it saw it.
+pub(super) async fn wait_cancelled(
+    port: u16,
+    n: u64,
+    every: Duration,
+    limit: Duration,
+) -> anyhow::Result<Instant> {
+    let deadline = Instant::now() + limit;
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let series = "order_expiry_messages_total{outcome=\"cancelled\"}";
+    let mut last = 0;
+    loop {
+        if let Some((_, text)) = http_get(addr, "/metrics").await {
+            last = metric_value(&text, series) as u64;
+            if last >= n {
+                return Ok(Instant::now());
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("only {last} of {n} orders cancelled within {limit:?}");
+        }
+        tokio::time::sleep(every).await;
+    }
+}

@@ -1,0 +1,171 @@
+//! The benchmark's own corner of the shared broker and database: the shared
+//! isolated world (`order_expiry_testkit::World`, prefix `bench-tp-<id>`, its
+//! own schema) with a topology per holding-queue type, plus order seeding, queue
+//! purging and broker memory read-outs. Its cleanup leaves nothing behind.
+
+use std::ops::Deref;
+use std::time::Duration;
+
+use anyhow::Context;
+use lapin::options::{QueueDeleteOptions, QueuePurgeOptions};
+use order_expiry::{QueueType, Settings, Topology};
+use secrecy::ExposeSecret;
+use serde_json::Value;
+
+/// One benchmark run's world; derefs to the shared one.
+#[derive(Debug)]
+pub(super) struct World {
+    world: order_expiry_testkit::World,
+    vhost: String,
+}
+
+impl Deref for World {
+    type Target = order_expiry_testkit::World;
+
+    fn deref(&self) -> &Self::Target {
+        &self.world
+    }
+}
+
+impl World {
+    /// Creates the schema and the orders table; nothing is declared yet.
+    pub(super) async fn open(settings: &Settings) -> anyhow::Result<Self> {
+        let world = order_expiry_testkit::World::builder()
+            .settings(settings.clone())
+            .kind("bench-tp")
+            .declare(false)
+            // A queue holding a million messages takes a while to delete.
+            .removal_timeout(Duration::from_secs(120))
+            .build()
+            .await?;
+        let vhost = settings
+            .amqp
+            .url
+            .expose_secret()
+            .parse::<lapin::uri::AMQPUri>()
+            .map(|u| u.vhost)
+            .unwrap_or_else(|_| "/".to_owned());
+        Ok(Self { world, vhost })
+    }
+
+    /// Settings for one holding-queue type: its own prefix, the run's schema.
+    pub(super) fn settings(&self, queue_type: QueueType) -> Settings {
+        let mut s = self.world.settings.clone();
+        let tag = match queue_type {
+            QueueType::Quorum => "q",
+            QueueType::Classic => "c",
+        };
+        s.topology.prefix = format!("{}-{tag}", self.world.settings.topology.prefix);
+        s.topology.queue_type = queue_type;
+        s
+    }
+
+    /// Empties every queue of `settings`' topology.
+    pub(super) async fn purge(&self, settings: &Settings) -> anyhow::Result<()> {
+        let channel = self.channel().await;
+        let topology = Topology::describe(&settings.ladder()?, &settings.topology);
+        for queue in topology.queue_names() {
+            channel
+                .queue_purge(queue.into(), QueuePurgeOptions::default())
+                .await
+                .with_context(|| format!("purging {queue}"))?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the queues of `settings`' topology (a million pending messages go
+    /// with them) so the next measurement starts from an empty broker.
+    pub(super) async fn delete_queues(&self, settings: &Settings) -> anyhow::Result<()> {
+        let channel = self.channel().await;
+        let topology = Topology::describe(&settings.ladder()?, &settings.topology);
+        for queue in topology.queue_names() {
+            let deleting = channel.queue_delete(queue.into(), QueueDeleteOptions::default());
+            tokio::time::timeout(Duration::from_secs(120), deleting)
+                .await
+                .with_context(|| format!("deleting {queue} timed out"))?
+                .with_context(|| format!("deleting {queue}"))?;
+        }
+        Ok(())
+    }
+
+    /// Replaces every order with `n` unpaid ones, `{tag}-1` … `{tag}-n`, and
+    /// refreshes the planner statistics so the cancel uses the primary key.
+    pub(super) async fn seed_orders(&self, tag: &str, n: usize) -> anyhow::Result<()> {
+        let client = self.store.client().await?;
+        client.batch_execute("TRUNCATE orders").await?;
+        let n = i64::try_from(n)?;
+        client
+            .execute(
+                "INSERT INTO orders (id, pay_deadline) SELECT $1 || '-' || g, now() FROM generate_series(1, $2::bigint) g",
+                &[&tag, &n],
+            )
+            .await?;
+        client.batch_execute("ANALYZE orders").await?;
+        Ok(())
+    }
+
+    /// How many orders are cancelled now.
+    pub(super) async fn cancelled(&self) -> anyhow::Result<i64> {
+        let client = self.store.client().await?;
+        let row = client
+            .query_one(
+                "SELECT count(*) FROM orders WHERE status = 'cancelled'",
+                &[],
+            )
+            .await?;
+        Ok(row.try_get(0)?)
+    }
+
+    /// Messages and bytes the broker reports for the queues of `settings`
+    /// (`rabbitmqctl list_queues name messages memory`).
+    pub(super) fn queue_memory(&self, settings: &Settings) -> anyhow::Result<(u64, u64)> {
+        let prefix = format!("{}.", settings.topology.prefix);
+        let args = [
+            "-q",
+            "list_queues",
+            "-p",
+            &self.vhost,
+            "name",
+            "messages",
+            "memory",
+        ];
+        let out = rabbitmqctl(&[&args[..], &["--formatter", "json"]].concat())?;
+        let rows: Vec<Value> = serde_json::from_str(&out).context("list_queues output")?;
+        let (mut messages, mut bytes) = (0, 0);
+        for row in rows {
+            if row["name"].as_str().is_some_and(|n| n.starts_with(&prefix)) {
+                messages += row["messages"].as_u64().unwrap_or(0);
+                bytes += row["memory"].as_u64().unwrap_or(0);
+            }
+        }
+        Ok((messages, bytes))
+    }
+
+    /// Deletes every queue and exchange this run declared and drops the schema.
+    pub(super) async fn cleanup(self) {
+        self.world.cleanup().await;
+    }
+}
+
+/// The broker's total memory as `rabbitmqctl status` reports it (`total.rss`, bytes).
+pub(super) fn broker_memory() -> anyhow::Result<u64> {
+    let out = rabbitmqctl(&["-q", "status", "--formatter", "json"])?;
+    let status: Value = serde_json::from_str(&out).context("status output")?;
+    status["memory"]["total"]["rss"]
+        .as_u64()
+        .context("no memory.total.rss in rabbitmqctl status")
+}
+
+fn rabbitmqctl(args: &[&str]) -> anyhow::Result<String> {
+    let out = std::process::Command::new("rabbitmqctl")
+        .args(args)
+        .output()
+        .context("running rabbitmqctl (the broker footprint needs it, as root)")?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "rabbitmqctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}

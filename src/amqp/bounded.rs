@@ -1,0 +1,48 @@
+//! The one timeout every await on the broker goes through: lapin's futures wait
+//! forever on a half-open connection, so each is bounded and named.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use thiserror::Error;
+
+/// A broker operation failed or did not answer in time; `what` names it
+/// (`declaring queue orders.due`, `basic.qos`, ...).
+#[derive(Debug, Error)]
+pub enum BrokerError {
+    /// The broker refused, or the channel or connection failed.
+    #[error("{what}: {source}")]
+    Failed {
+        /// The operation.
+        what: Cow<'static, str>,
+        /// What lapin said.
+        source: lapin::Error,
+    },
+    /// No answer within the bound (`amqp.timeout_ms`).
+    #[error("{what}: no answer from the broker within {timeout:?}")]
+    Timeout {
+        /// The operation.
+        what: Cow<'static, str>,
+        /// The bound.
+        timeout: Duration,
+    },
+}
+
+/// Awaits `op`, at most `timeout`.
+pub(crate) async fn bounded<T>(
+    what: impl Into<Cow<'static, str>>,
+    timeout: Duration,
+    op: impl Future<Output = lapin::Result<T>>,
+) -> Result<T, BrokerError> {
+    match tokio::time::timeout(timeout, op).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(source)) => Err(BrokerError::Failed {
+            what: what.into(),
+            source,
+        }),
+        Err(_) => Err(BrokerError::Timeout {
+            what: what.into(),
+            timeout,
+        }),
+    }
+}

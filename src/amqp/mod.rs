@@ -1,0 +1,12 @@
+//! Talking to RabbitMQ: one bounded, password-safe way to connect (with TLS for
+//! `amqps://`), and one timeout for every other await on the broker.
+
+mod bounded;
+mod connect;
+mod tls;
+
+pub use self::bounded::BrokerError;
+pub(crate) use self::bounded::bounded;
+pub use self::connect::ConnectError;
+pub(crate) use self::connect::connect;
+pub use self::tls::{TlsError, TlsFiles};

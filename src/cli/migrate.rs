@@ -1,0 +1,14 @@
+//! `order-expiry migrate`: the default `orders` table (idempotent).
+
+use anyhow::Context;
+use order_expiry::{PgOrderStore, Settings};
+
+pub(super) async fn run(settings: &Settings) -> anyhow::Result<()> {
+    let store = PgOrderStore::new(settings)?;
+    store
+        .migrate()
+        .await
+        .with_context(|| format!("migrating {}", settings.database.display_url()))?;
+    eprintln!("orders table ready");
+    Ok(())
+}

@@ -1,0 +1,105 @@
+//! The `order-expiry` command line: argument parsing and one module per command.
+//! Binary-only: the commands use the library's public API.
+//!
+//! - [`serve`]: the consumer service until SIGTERM.
+//! - [`schedule`]: one order, or many from stdin.
+//! - [`topology`]: `topology apply` and `topology export`.
+//! - [`migrate`]: the default orders table.
+//! - [`demo`]: the end-to-end demo.
+
+mod demo;
+mod migrate;
+mod schedule;
+mod serve;
+mod topology;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use order_expiry::{LogFormat, Settings};
+
+/// Cancel unpaid orders on time with a RabbitMQ delay ladder.
+#[derive(Debug, Parser)]
+#[command(name = "order-expiry", version, about)]
+pub(crate) struct Cli {
+    /// Settings file (TOML) layered over the built-in defaults; environment
+    /// variables ORDER_EXPIRY__SECTION__KEY override both.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
+    /// Log format (overrides log.format).
+    #[arg(long, global = true, value_enum)]
+    pub(crate) log_format: Option<LogFormatArg>,
+    /// What to do.
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// `--log-format`: the library's [`LogFormat`] as a command-line value.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub(crate) enum LogFormatArg {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl From<LogFormatArg> for LogFormat {
+    fn from(arg: LogFormatArg) -> Self {
+        match arg {
+            LogFormatArg::Text => Self::Text,
+            LogFormatArg::Json => Self::Json,
+        }
+    }
+}
+
+/// The commands of the public contract.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Run the consumer service until SIGTERM/SIGINT, then drain and exit 0.
+    Serve,
+    /// Schedule one order's expiry, or many from stdin (NDJSON).
+    Schedule(schedule::ScheduleArgs),
+    /// Declare or export the broker topology.
+    #[command(subcommand)]
+    Topology(topology::TopologyCommand),
+    /// Create the default orders table (idempotent).
+    Migrate,
+    /// End-to-end demo on the local broker and database.
+    Demo(demo::DemoArgs),
+}
+
+/// Runs one command.
+pub(crate) async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
+    match command {
+        Command::Serve => serve::run(&settings).await,
+        Command::Schedule(args) => schedule::run(args, &settings).await,
+        Command::Topology(command) => topology::run(command, &settings).await,
+        Command::Migrate => migrate::run(&settings).await,
+        Command::Demo(args) => demo::run(&args, &settings).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cli_parses_the_contract_commands() {
+        let args = [
+            "order-expiry",
+            "schedule",
+            "--order-id",
+            "x",
+            "--delay",
+            "30m",
+        ];
+        Cli::try_parse_from(args).unwrap();
+        Cli::try_parse_from(["order-expiry", "schedule", "--stdin"]).unwrap();
+        Cli::try_parse_from(["order-expiry", "topology", "export"]).unwrap();
+        Cli::try_parse_from(["order-expiry", "--config", "f.toml", "serve"]).unwrap();
+        Cli::try_parse_from(["order-expiry", "--log-format", "json", "migrate"]).unwrap();
+        let both = ["order-expiry", "schedule", "--order-id", "x", "--stdin"];
+        assert!(Cli::try_parse_from(both).is_err());
+        assert!(Cli::try_parse_from(["order-expiry", "bench", "lateness"]).is_err());
+    }
+}

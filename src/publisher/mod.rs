@@ -1,0 +1,17 @@
+//! What an order service links: schedule an order's expiry, durable in the
+//! broker once `schedule()` returns `Ok`. Needs no service dependency.
+//!
+//! - [`scheduler`]: [`Scheduler`]: confirms, `mandatory`, reconnects lazily.
+//! - [`error`]: [`ScheduleError`]: every way a schedule call can fail.
+//! - [`message`]: the v1 wire format: encode, decode, validate. Pure.
+//! - [`order_id`]: the validated [`OrderId`]. Pure.
+
+mod error;
+mod message;
+mod order_id;
+mod scheduler;
+
+pub use self::error::ScheduleError;
+pub use self::message::{ExpiryMessage, Malformed};
+pub use self::order_id::{InvalidOrderId, OrderId};
+pub use self::scheduler::{Scheduled, Scheduler};

@@ -1,0 +1,123 @@
+//! The consumer service: consumer loop, safety-net sweeper and HTTP endpoint,
+//! built once and run until a shutdown token fires. `order-expiry serve` and the
+//! integration tests share this constructor.
+
+use std::sync::Arc;
+
+use futures::FutureExt;
+use thiserror::Error;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::consumer::{Consumer, ConsumerError};
+use super::http::{self, DbCheck, Readiness};
+use super::orders::{OrderStore, PgOrderStore, StoreError};
+use super::sweeper::Sweeper;
+use crate::settings::Settings;
+use crate::telemetry::metrics_handle;
+
+/// The service could not be built.
+#[derive(Debug, Error)]
+pub enum ServiceError {
+    /// Database settings are invalid.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Consumer settings are invalid.
+    #[error(transparent)]
+    Consumer(#[from] ConsumerError),
+    /// The HTTP address cannot be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// A built, not yet running, consumer service.
+#[derive(Debug)]
+pub struct Service {
+    consumer: Consumer<PgOrderStore>,
+    sweeper: Option<Sweeper<PgOrderStore>>,
+    listener: TcpListener,
+    router: axum::Router,
+    readiness: Arc<Readiness>,
+    /// The broker and database URLs, passwords redacted, for the start-up log.
+    urls: (String, String),
+}
+
+impl Service {
+    /// Builds the store, consumer and HTTP listener from `settings`. Port 0 in
+    /// `http.listen` picks a free port; [`Service::http_addr`] tells which.
+    pub async fn build(settings: &Settings) -> Result<Self, ServiceError> {
+        let store = Arc::new(PgOrderStore::new(settings)?);
+        let readiness = Arc::new(Readiness::default());
+        let consumer = Consumer::new(settings, Arc::clone(&store), Arc::clone(&readiness))?;
+        let sweeper = settings
+            .sweeper
+            .enabled
+            .then(|| Sweeper::new(&settings.sweeper, Arc::clone(&store)));
+        let listener = TcpListener::bind(&settings.http.listen)
+            .await
+            .map_err(|source| ServiceError::Listen {
+                addr: settings.http.listen.clone(),
+                source,
+            })?;
+        let db_check: DbCheck = Arc::new(move || {
+            let store = Arc::clone(&store);
+            async move { store.ping().await.is_ok() }.boxed()
+        });
+        let router = http::app(
+            Arc::clone(&readiness),
+            db_check,
+            settings.http.ready_timeout,
+            metrics_handle(),
+        );
+        let urls = (settings.amqp.display_url(), settings.database.display_url());
+        Ok(Self {
+            consumer,
+            sweeper,
+            listener,
+            router,
+            readiness,
+            urls,
+        })
+    }
+
+    /// Where `/healthz`, `/readyz` and `/metrics` are served.
+    pub fn http_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// What `/readyz` reports on.
+    pub fn readiness(&self) -> Arc<Readiness> {
+        Arc::clone(&self.readiness)
+    }
+
+    /// Runs until `shutdown` is cancelled (see [`crate::shutdown_on_signal`]):
+    /// the consumer drains and the sweeper stops, then the HTTP endpoint stops.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let (amqp, database) = &self.urls;
+        info!(%amqp, %database, "starting consumer service");
+        if let Ok(addr) = self.listener.local_addr() {
+            info!(%addr, "http endpoint listening");
+        }
+        let http_stop = CancellationToken::new();
+        let http = tokio::spawn(http::serve(self.listener, self.router, http_stop.clone()));
+        let sweep_stop = shutdown.child_token();
+        let sweeper = self
+            .sweeper
+            .map(|s| tokio::spawn(s.run(sweep_stop.clone())));
+        self.consumer.run(shutdown).await;
+        sweep_stop.cancel();
+        if let Some(sweeper) = sweeper {
+            let _ = sweeper.await;
+        }
+        http_stop.cancel();
+        if let Ok(Err(e)) = http.await {
+            warn!(error = %e, "http endpoint failed");
+        }
+    }
+}

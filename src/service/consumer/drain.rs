@@ -1,0 +1,55 @@
+//! The end of a session: stop taking deliveries; after a shutdown, let work in
+//! flight finish (bounded by `consumer.drain_timeout_ms`) and ack what finished;
+//! then close the channels, which returns every unacked delivery (held, ready,
+//! failed, unfinished) to the queue for the next consumer.
+
+use lapin::options::BasicCancelOptions;
+use tracing::{info, warn};
+
+use super::session::Session;
+use super::work::Failed;
+use crate::amqp;
+use crate::service::CONSUMER;
+use crate::service::orders::OrderStore;
+
+impl<S: OrderStore> Session<'_, S> {
+    /// Closes the session; with `drain`, after the drain.
+    pub(super) async fn close(mut self, drain: bool) {
+        let timeout = self.consumer.amqp.timeout;
+        let cancel = self
+            .channel
+            .basic_cancel(self.tag.as_str().into(), BasicCancelOptions::default());
+        let _ = amqp::bounded("basic.cancel", timeout, cancel).await;
+        if drain {
+            self.drain().await;
+        }
+        let channel = self.channel.close(200, "shutdown".into());
+        let _ = amqp::bounded("channel.close", timeout, channel).await;
+        let parking = self.parking.channel.close(200, "shutdown".into());
+        let _ = amqp::bounded("channel.close", timeout, parking).await;
+        let connection = self.connection.close(200, "shutdown".into());
+        let _ = amqp::bounded("connection.close", timeout, connection).await;
+    }
+
+    /// Waits for work in flight (bounded), then acks every finished delivery.
+    async fn drain(&mut self) {
+        let drain = self.consumer.settings.drain_timeout;
+        let finishing = async {
+            while let Some(done) = futures::StreamExt::next(&mut self.in_flight).await {
+                // A broker failure now only means those deliveries come back.
+                if let Ok(Some(failed)) = self.record(done) {
+                    self.failed.push(failed);
+                }
+            }
+        };
+        if tokio::time::timeout(drain, finishing).await.is_err() {
+            warn!(target: CONSUMER, ?drain, "drain timeout: releasing unfinished deliveries");
+        }
+        if let Err(error) = self.send_acks(true).await {
+            warn!(target: CONSUMER, %error, "acks at shutdown failed; those deliveries come back");
+        }
+        let failed: usize = self.failed.iter().map(Failed::deliveries).sum();
+        let released = self.ready.len() + self.held.len() + failed;
+        info!(target: CONSUMER, released, "drained");
+    }
+}

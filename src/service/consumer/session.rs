@@ -1,0 +1,354 @@
+//! One consumer session: one broker connection, from `basic.consume` to close.
+//!
+//! [`Session`] owns everything a session knows (held deliveries, the ack
+//! tracker, the ready queue, work in flight, failed work and its retry timer)
+//! and has one method per event; [`Session::serve`]'s `select!` only picks the
+//! next event. The shutdown path (drain, release, close) is in `drain.rs`.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use chrono::Utc;
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection};
+use thiserror::Error;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::time::DelayQueue;
+use tracing::{debug, info, warn};
+
+use super::acks::{AckTracker, State};
+use super::arrival::{Arrival, on_arrival};
+use super::park::Parking;
+use super::work::{Done, Failed, Pending, cancel_work};
+use super::{Consumer, Handled};
+use crate::amqp::{self, BrokerError, ConnectError, TlsFiles};
+use crate::service::CONSUMER;
+use crate::service::backoff::Backoff;
+use crate::service::orders::OrderStore;
+use crate::telemetry::{HELD_TOTAL, RETRIES_TOTAL};
+use crate::topology::Topology;
+
+/// Why a session ended.
+#[derive(Debug, Error)]
+pub(super) enum SessionError {
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    #[error("the delivery stream failed: {0}")]
+    Deliveries(lapin::Error),
+    #[error("the broker ended the consumer")]
+    ConsumerEnded,
+    #[error("ack failed: {0}")]
+    Ack(lapin::Error),
+    #[error("an ack was not sent: channel closed")]
+    AckNotSent,
+}
+
+/// The next thing that happened, as `select!` saw it.
+enum Event {
+    Shutdown,
+    Finished(Done),
+    RetryDue,
+    HoldExpired(Pending),
+    Delivery(Option<lapin::Result<Delivery>>),
+}
+
+/// One session's state; see the module docs.
+pub(super) struct Session<'a, S> {
+    pub(super) consumer: &'a Consumer<S>,
+    pub(super) connection: Connection,
+    pub(super) channel: Channel,
+    pub(super) parking: Parking,
+    pub(super) deliveries: lapin::Consumer,
+    pub(super) tag: String,
+    /// Early deliveries, each until its `due_at`.
+    pub(super) held: DelayQueue<Pending>,
+    /// Unacked deliveries of this channel, acked with `multiple` where possible.
+    pub(super) acks: AckTracker<Handled>,
+    /// Due deliveries waiting for a cancel statement.
+    pub(super) ready: VecDeque<Pending>,
+    /// Cancel statements and parks running now.
+    pub(super) in_flight: FuturesUnordered<BoxFuture<'static, Done>>,
+    /// Failed work, kept until `retry_at`.
+    pub(super) failed: Vec<Failed>,
+    /// While set, failed work waits and no deliveries are taken.
+    retry_at: Option<Instant>,
+    retry_backoff: Backoff,
+    /// Whether any work succeeded: the connection is good.
+    pub(super) worked: bool,
+    pub(super) started: Instant,
+}
+
+impl<'a, S: OrderStore> Session<'a, S> {
+    /// Connects, declares the consumer's part of the topology and subscribes
+    /// to the due queue.
+    pub(super) async fn open(consumer: &'a Consumer<S>) -> Result<Self, SessionError> {
+        let (amqp, settings) = (&consumer.amqp, &consumer.settings);
+        let timeout = amqp.timeout;
+        let tls = TlsFiles::from_settings(amqp);
+        let name = "order-expiry consumer";
+        let connection = amqp::connect(&amqp.url, &tls, name, timeout).await?;
+        let channel = amqp::bounded("channel.open", timeout, connection.create_channel()).await?;
+        Topology::consumer_part(&consumer.ladder)
+            .apply(&channel, timeout)
+            .await?;
+        let qos = channel.basic_qos(settings.prefetch, BasicQosOptions::default());
+        amqp::bounded("basic.qos", timeout, qos).await?;
+        let parking = amqp::bounded("channel.open", timeout, connection.create_channel()).await?;
+        let confirms = parking.confirm_select(ConfirmSelectOptions::default());
+        amqp::bounded("confirm.select", timeout, confirms).await?;
+        let tag = format!("order-expiry-{}", uuid::Uuid::new_v4());
+        let queue = consumer.ladder.due_queue();
+        let consume = channel.basic_consume(
+            queue.as_str().into(),
+            tag.as_str().into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        );
+        let deliveries = amqp::bounded("basic.consume", timeout, consume).await?;
+        consumer.readiness.set_consuming(true);
+        info!(target: CONSUMER, queue = %queue, prefetch = settings.prefetch, "consuming");
+        Ok(Self {
+            consumer,
+            connection,
+            channel,
+            parking: Parking {
+                channel: parking,
+                exchange: consumer.ladder.parked_exchange(),
+                timeout,
+                observer: consumer.observer.clone(),
+            },
+            deliveries,
+            tag,
+            held: DelayQueue::new(),
+            acks: AckTracker::default(),
+            ready: VecDeque::new(),
+            in_flight: FuturesUnordered::new(),
+            failed: Vec::new(),
+            retry_at: None,
+            retry_backoff: Backoff::new(settings.retry_initial, settings.retry_max),
+            worked: false,
+            started: Instant::now(),
+        })
+    }
+
+    /// Handles events until `shutdown` (`Ok`) or a broker fault (`Err`).
+    pub(super) async fn serve(&mut self, shutdown: &CancellationToken) -> Result<(), SessionError> {
+        loop {
+            self.start_batches();
+            match self.next_event(shutdown).await {
+                Event::Shutdown => return Ok(()),
+                Event::Finished(done) => self.on_finished(done).await?,
+                Event::RetryDue => self.on_retry_due(),
+                Event::HoldExpired(pending) => self.on_hold_expired(pending),
+                Event::Delivery(delivery) => self.on_delivery(delivery)?,
+            }
+        }
+    }
+
+    /// Waits for the next event. Shutdown comes first; while a retry is
+    /// pending, no deliveries are taken (the failing database or broker gets
+    /// no new work, and the consumer sleeps instead of spinning).
+    async fn next_event(&mut self, shutdown: &CancellationToken) -> Event {
+        let busy = !self.in_flight.is_empty();
+        let holding = !self.held.is_empty();
+        let retry_at = self.retry_at;
+        let (in_flight, held) = (&mut self.in_flight, &mut self.held);
+        let deliveries = &mut self.deliveries;
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => Event::Shutdown,
+            Some(done) = in_flight.next(), if busy => Event::Finished(done),
+            _ = sleep_until(retry_at), if retry_at.is_some() => Event::RetryDue,
+            Some(expired) = held.next(), if holding => Event::HoldExpired(expired.into_inner()),
+            delivery = deliveries.next(), if retry_at.is_none() => Event::Delivery(delivery),
+        }
+    }
+
+    /// Starts cancel statements for ready deliveries, up to
+    /// `consumer.batch_concurrency` at once, unless a retry is pending.
+    fn start_batches(&mut self) {
+        let settings = &self.consumer.settings;
+        let (batch_max, concurrency) =
+            (settings.batch_max.max(1), settings.batch_concurrency.max(1));
+        while self.retry_at.is_none()
+            && self.in_flight.len() < concurrency
+            && !self.ready.is_empty()
+        {
+            let n = self.ready.len().min(batch_max);
+            let batch: Vec<Pending> = self.ready.drain(..n).collect();
+            for p in &batch {
+                self.acks.set(p.tag(), State::InBatch, None);
+            }
+            let store = Arc::clone(&self.consumer.store);
+            let observed = self.consumer.observer.is_some();
+            self.in_flight.push(cancel_work(store, batch, observed));
+        }
+    }
+
+    /// A delivery: due now, held until due, or parked.
+    fn on_delivery(
+        &mut self,
+        delivery: Option<lapin::Result<Delivery>>,
+    ) -> Result<(), SessionError> {
+        let delivery = match delivery {
+            None => return Err(SessionError::ConsumerEnded),
+            Some(Err(e)) => return Err(SessionError::Deliveries(e)),
+            Some(Ok(delivery)) => delivery,
+        };
+        self.acks.received(delivery.delivery_tag);
+        let content_type = delivery
+            .properties
+            .content_type()
+            .as_ref()
+            .map(|c| c.to_string());
+        let settings = &self.consumer.settings;
+        match on_arrival(
+            &delivery.data,
+            content_type.as_deref(),
+            Utc::now(),
+            settings,
+        ) {
+            Arrival::Due(message) => self.ready.push_back(Pending::new(delivery, message)),
+            Arrival::Hold(message, early) => {
+                metrics::counter!(HELD_TOTAL.name).increment(1);
+                let pending = Pending::new(delivery, message);
+                let early_ms = early.as_millis() as u64;
+                pending
+                    .span
+                    .in_scope(|| debug!(target: CONSUMER, early_ms, "held until due_at"));
+                self.held.insert(pending, early);
+            }
+            Arrival::Park(reason) => self.in_flight.push(self.parking.park(delivery, reason)),
+        }
+        Ok(())
+    }
+
+    /// A held delivery's timer fired: ready if its `due_at` has passed (the
+    /// timer has millisecond granularity), held again otherwise.
+    fn on_hold_expired(&mut self, pending: Pending) {
+        match (pending.message.due_at - Utc::now()).to_std() {
+            Ok(left) if !left.is_zero() => {
+                self.held.insert(pending, left);
+            }
+            _ => self.ready.push_back(pending),
+        }
+    }
+
+    /// Work finished: record it in the ack tracker, send the acks that allows,
+    /// and schedule a retry if it failed.
+    async fn on_finished(&mut self, done: Done) -> Result<(), SessionError> {
+        match self.record(done)? {
+            None => {
+                self.worked = true;
+                self.retry_backoff.reset();
+            }
+            Some(failed) => self.on_failed(failed),
+        }
+        // What finished behind a failed batch need not wait for its retry.
+        self.send_acks(false).await
+    }
+
+    /// Applies finished work to the ack tracker; returns the work that failed.
+    pub(super) fn record(&mut self, done: Done) -> Result<Option<Failed>, SessionError> {
+        match done {
+            Done::Parked(tag) => self.acks.forget(tag),
+            Done::Cancelled(handled) => {
+                for (tag, handled) in handled {
+                    self.acks.set(tag, State::Done, handled);
+                }
+            }
+            Done::Failed(failed) => return Ok(Some(failed)),
+            Done::BrokerFailed(error) => return Err(error),
+        }
+        Ok(None)
+    }
+
+    /// Keeps failed work (its deliveries unacked) for a retry after a backoff.
+    fn on_failed(&mut self, failed: Failed) {
+        match &failed {
+            Failed::Store { batch, error } => {
+                warn!(target: CONSUMER, error = %error, orders = batch.len(), "database failed; will retry");
+                for p in batch {
+                    self.acks.set(p.tag(), State::Waiting, None);
+                }
+            }
+            Failed::Park { error, .. } => {
+                warn!(target: CONSUMER, error = %error, "parking failed; will retry")
+            }
+        }
+        metrics::counter!(RETRIES_TOTAL.name).increment(1);
+        self.failed.push(failed);
+        if self.retry_at.is_none() {
+            self.retry_at = Some(Instant::now() + self.retry_backoff.next_delay());
+        }
+    }
+
+    /// The retry timer fired: failed batches go back to the front of the ready
+    /// queue, failed parks run again.
+    fn on_retry_due(&mut self) {
+        self.retry_at = None;
+        for failed in std::mem::take(&mut self.failed) {
+            match failed {
+                Failed::Store { batch, .. } => {
+                    for p in batch.into_iter().rev() {
+                        self.ready.push_front(p);
+                    }
+                }
+                Failed::Park {
+                    delivery, reason, ..
+                } => {
+                    self.in_flight.push(self.parking.park(*delivery, reason));
+                }
+            }
+        }
+    }
+
+    /// Sends the acks the tracker allows now (one `multiple` ack for the
+    /// finished front of the window, single ones behind a held delivery; with
+    /// `all`, every finished one), then tells the observer about each.
+    pub(super) async fn send_acks(&mut self, all: bool) -> Result<(), SessionError> {
+        let acks = self.acks.take(all);
+        let channel = &self.channel;
+        let sending = async {
+            if let Some(tag) = acks.multiple_upto {
+                channel
+                    .basic_ack(tag, BasicAckOptions { multiple: true })
+                    .await?;
+            }
+            let singles = acks
+                .single
+                .iter()
+                .map(|tag| channel.basic_ack(*tag, BasicAckOptions::default()));
+            futures::future::try_join_all(singles).await.map(drop)
+        };
+        amqp::bounded("basic.ack", self.consumer.amqp.timeout, sending).await?;
+        if let Some(observer) = &self.consumer.observer {
+            let at = Utc::now();
+            for mut handled in acks.payloads {
+                handled.at = at;
+                let _ = observer.send(handled);
+            }
+        }
+        Ok(())
+    }
+
+    /// How long this session has been consuming.
+    pub(super) fn age(&self) -> std::time::Duration {
+        self.started.elapsed()
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => futures::future::pending().await,
+    }
+}

@@ -1,0 +1,95 @@
+//! `/healthz` (process alive), `/readyz` (broker connected, consuming, database
+//! answers) and `/metrics` (Prometheus text).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use futures::future::BoxFuture;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::telemetry::CONSUMING;
+
+/// What the consumer reports about itself; `/readyz` reads it.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    consuming: AtomicBool,
+}
+
+impl Readiness {
+    /// Set when the consumer is subscribed to the due queue on a live connection,
+    /// cleared when the connection drops or the consumer stops.
+    pub(crate) fn set_consuming(&self, consuming: bool) {
+        self.consuming.store(consuming, Ordering::SeqCst);
+        metrics::gauge!(CONSUMING.name).set(if consuming { 1.0 } else { 0.0 });
+    }
+
+    /// Whether the consumer is consuming now.
+    pub fn is_consuming(&self) -> bool {
+        self.consuming.load(Ordering::SeqCst)
+    }
+}
+
+/// Asks the database whether it answers.
+pub(crate) type DbCheck = Arc<dyn Fn() -> BoxFuture<'static, bool> + Send + Sync>;
+
+#[derive(Clone)]
+struct AppState {
+    readiness: Arc<Readiness>,
+    db_check: DbCheck,
+    db_timeout: Duration,
+    metrics: PrometheusHandle,
+}
+
+/// The router `serve` runs. `/readyz` waits at most `db_timeout` for `db_check`.
+pub(crate) fn app(
+    readiness: Arc<Readiness>,
+    db_check: DbCheck,
+    db_timeout: Duration,
+    metrics: PrometheusHandle,
+) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(render_metrics))
+        .with_state(AppState {
+            readiness,
+            db_check,
+            db_timeout,
+            metrics,
+        })
+}
+
+async fn readyz(State(state): State<AppState>) -> (StatusCode, String) {
+    let consuming = state.readiness.is_consuming();
+    let db = tokio::time::timeout(state.db_timeout, (state.db_check)())
+        .await
+        .unwrap_or(false);
+    let body = format!("consuming: {consuming}\ndatabase: {db}\n");
+    if consuming && db {
+        (StatusCode::OK, body)
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, body)
+    }
+}
+
+async fn render_metrics(State(state): State<AppState>) -> String {
+    state.metrics.render()
+}
+
+/// Serves `app` on `listener` until `shutdown` is cancelled.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    app: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+}

@@ -1,0 +1,34 @@
+//! The consumer service (`order-expiry serve`), feature `service`.
+//!
+//! - [`app`]: [`Service`]: consumer + sweeper + HTTP, built once for `main` and tests.
+//! - [`consumer`]: the delivery loop: hold until due, batch, ack / park / retry.
+//! - [`orders`]: the [`OrderStore`] trait and its PostgreSQL implementation.
+//! - [`sweeper`]: safety net: periodically cancels unpaid orders long overdue.
+//! - [`http`]: `/healthz`, `/readyz`, `/metrics`.
+//! - [`backoff`]: exponential backoff for reconnects and retries.
+//! - [`shutdown`]: SIGTERM / Ctrl-C → cancellation token.
+
+/// The log target of the consumer's events and spans: `order_expiry::consumer`,
+/// as documented (`ORDER_EXPIRY__LOG__FILTER=info,order_expiry::consumer=debug`),
+/// wherever in the service the code lives.
+const CONSUMER: &str = "order_expiry::consumer";
+
+/// The log target of the sweeper's events.
+const SWEEPER: &str = "order_expiry::sweeper";
+
+mod app;
+mod backoff;
+mod consumer;
+mod http;
+mod orders;
+mod shutdown;
+mod sweeper;
+
+pub use self::app::{Service, ServiceError};
+pub use self::consumer::{
+    Arrival, Consumer, ConsumerError, Handled, Outcome, cancel_batch, on_arrival,
+};
+pub use self::http::Readiness;
+pub use self::orders::{Disposition, OrderStore, PgOrderStore, StoreError};
+pub use self::shutdown::shutdown_on_signal;
+pub use self::sweeper::Sweeper;

@@ -1,0 +1,344 @@
+//! Typed settings, loaded in layers: the embedded `config/default.toml`, then an
+//! optional file, then `ORDER_EXPIRY__SECTION__KEY` environment variables.
+//!
+//! `config/default.toml` is the one place defaults live: [`Settings::default`]
+//! parses it, and no Rust constant repeats a value from it. Durations keep their
+//! public `_ms` keys and are [`Duration`]s here. URLs carry passwords, so they
+//! are [`SecretString`]s: `Debug` prints `[REDACTED]`, and
+//! [`AmqpSettings::display_url`] gives a loggable form.
+
+mod millis;
+mod redact;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use config::{Config, Environment, File, FileFormat};
+use secrecy::SecretString;
+use serde::Deserialize;
+
+pub(crate) use self::redact::{redact_url, scrub_url};
+use crate::topology::{Ladder, LadderError};
+
+/// The defaults, compiled in so the binary runs with no file at all.
+const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
+
+/// Prefix of the environment variables that override settings.
+pub const ENV_PREFIX: &str = "ORDER_EXPIRY";
+
+/// Everything the service, the CLI and the publisher can be configured with.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Settings {
+    /// The broker.
+    pub amqp: AmqpSettings,
+    /// Names and shape of the exchanges and queues.
+    pub topology: TopologySettings,
+    /// The publisher library.
+    pub publisher: PublisherSettings,
+    /// The consumer service.
+    pub consumer: ConsumerSettings,
+    /// The orders database.
+    pub database: DatabaseSettings,
+    /// The safety-net sweep of overdue unpaid orders.
+    pub sweeper: SweeperSettings,
+    /// Health and metrics endpoint.
+    pub http: HttpSettings,
+    /// Logging.
+    pub log: LogSettings,
+}
+
+/// How to reach the broker.
+#[derive(Debug, Clone, Deserialize)]
+pub struct AmqpSettings {
+    /// `amqp://` or `amqps://` URL, with credentials and vhost.
+    pub url: SecretString,
+    /// Bound on connecting, declaring, and one publisher confirm (`timeout_ms`).
+    #[serde(rename = "timeout_ms", with = "millis")]
+    pub timeout: Duration,
+    /// First reconnect delay (`reconnect_initial_ms`).
+    #[serde(rename = "reconnect_initial_ms", with = "millis")]
+    pub reconnect_initial: Duration,
+    /// Longest reconnect delay (`reconnect_max_ms`).
+    #[serde(rename = "reconnect_max_ms", with = "millis")]
+    pub reconnect_max: Duration,
+    /// PEM file of the CA certificate(s) that sign the broker's certificate, for
+    /// `amqps://` with a private CA; the system roots are trusted as well. Read
+    /// on every (re)connect, so a rotated file is picked up without a restart.
+    #[serde(default)]
+    pub tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate (chain), for brokers that require one; needs
+    /// [`Self::tls_key_file`].
+    #[serde(default)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1, unencrypted) of [`Self::tls_cert_file`].
+    #[serde(default)]
+    pub tls_key_file: Option<PathBuf>,
+}
+
+/// Holding queues are quorum or classic queues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueType {
+    /// Replicated, at-least-once dead-lettering: nothing lost on a broker restart.
+    Quorum,
+    /// At-most-once dead-lettering: faster, can lose messages in a crash.
+    Classic,
+}
+
+impl QueueType {
+    /// The value of `topology.queue_type` (and of `x-queue-type`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Quorum => "quorum",
+            Self::Classic => "classic",
+        }
+    }
+}
+
+/// Names and shape of the topology.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TopologySettings {
+    /// Start of every exchange and queue name.
+    pub prefix: String,
+    /// The vhost `topology export` puts the definitions in. Connections use the
+    /// vhost of `amqp.url` instead (the dev default is `/`, where `guest` works).
+    pub vhost: String,
+    /// Number of ladder levels.
+    pub levels: u8,
+    /// Type of the holding queues.
+    pub queue_type: QueueType,
+    /// Per holding queue length limit (0: none).
+    pub max_length: u64,
+}
+
+/// The publisher library.
+#[derive(Debug, Clone, Deserialize)]
+pub struct PublisherSettings {
+    /// Unconfirmed publishes `schedule_many` keeps in flight.
+    pub max_in_flight: usize,
+    /// The ladder delivers up to this much before `due_at` (plus the sub-second
+    /// remainder); the consumer holds the message until `due_at` (`lead_ms`).
+    #[serde(rename = "lead_ms", with = "millis")]
+    pub lead: Duration,
+}
+
+/// The consumer service.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ConsumerSettings {
+    /// basic.qos prefetch count.
+    pub prefetch: u16,
+    /// Most orders per cancel statement.
+    pub batch_max: usize,
+    /// Cancel statements running at once.
+    pub batch_concurrency: usize,
+    /// Longest a too-early message is held before it is parked instead (`max_hold_ms`).
+    #[serde(rename = "max_hold_ms", with = "millis")]
+    pub max_hold: Duration,
+    /// Largest body accepted.
+    pub max_body_bytes: usize,
+    /// First retry delay after a failure (`retry_initial_ms`).
+    #[serde(rename = "retry_initial_ms", with = "millis")]
+    pub retry_initial: Duration,
+    /// Longest retry delay (`retry_max_ms`).
+    #[serde(rename = "retry_max_ms", with = "millis")]
+    pub retry_max: Duration,
+    /// Bound on the drain at shutdown (`drain_timeout_ms`).
+    #[serde(rename = "drain_timeout_ms", with = "millis")]
+    pub drain_timeout: Duration,
+}
+
+/// The orders database.
+#[derive(Debug, Clone, Deserialize)]
+pub struct DatabaseSettings {
+    /// `postgres://` URL.
+    pub url: SecretString,
+    /// Pooled connections.
+    pub pool_size: usize,
+    /// Statement timeout, set on every connection (`statement_timeout_ms`).
+    #[serde(rename = "statement_timeout_ms", with = "millis")]
+    pub statement_timeout: Duration,
+    /// Bound on opening (and recycling) one connection (`connect_timeout_ms`).
+    #[serde(rename = "connect_timeout_ms", with = "millis")]
+    pub connect_timeout: Duration,
+    /// Longest wait for a free pooled connection (`acquire_timeout_ms`).
+    #[serde(rename = "acquire_timeout_ms", with = "millis")]
+    pub acquire_timeout: Duration,
+    /// Atomic cancel of every unpaid order in `$1`, returning the cancelled ids.
+    pub cancel_sql: String,
+    /// Which ids of `$1` exist.
+    pub exists_sql: String,
+}
+
+/// The safety-net sweeper: cancels unpaid orders long past their deadline whose
+/// schedule never reached the broker.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SweeperSettings {
+    /// Whether `serve` runs it.
+    pub enabled: bool,
+    /// Time between sweeps (`interval_ms`).
+    #[serde(rename = "interval_ms", with = "millis")]
+    pub interval: Duration,
+    /// How long past `pay_deadline` an order must be before it is swept (`grace_ms`).
+    #[serde(rename = "grace_ms", with = "millis")]
+    pub grace: Duration,
+    /// Most orders per sweep statement.
+    pub batch_max: u32,
+    /// Atomic cancel of up to `$2` (bigint) unpaid orders older than `now() - $1`
+    /// seconds (float8), returning the cancelled ids.
+    pub sweep_sql: String,
+}
+
+/// The HTTP endpoint.
+#[derive(Debug, Clone, Deserialize)]
+pub struct HttpSettings {
+    /// Address to listen on, e.g. `0.0.0.0:8080`.
+    pub listen: String,
+    /// How long `/readyz` waits for the database to answer (`ready_timeout_ms`).
+    #[serde(rename = "ready_timeout_ms", with = "millis")]
+    pub ready_timeout: Duration,
+}
+
+/// Log output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Logging.
+#[derive(Debug, Clone, Deserialize)]
+pub struct LogSettings {
+    /// Text or JSON.
+    pub format: LogFormat,
+    /// EnvFilter directives.
+    pub filter: String,
+}
+
+impl Default for Settings {
+    /// The built-in defaults: `config/default.toml`, embedded, with no file and
+    /// no environment. A unit test proves it parses.
+    fn default() -> Self {
+        Self::load_with(None, None).expect("the embedded config/default.toml is valid")
+    }
+}
+
+impl Settings {
+    /// Defaults, then `file` if given, then the environment.
+    pub fn load(file: Option<&Path>) -> Result<Self, config::ConfigError> {
+        Self::load_with(file, Some(Environment::with_prefix(ENV_PREFIX)))
+    }
+
+    fn load_with(
+        file: Option<&Path>,
+        env: Option<Environment>,
+    ) -> Result<Self, config::ConfigError> {
+        let mut builder =
+            Config::builder().add_source(File::from_str(DEFAULT_TOML, FileFormat::Toml));
+        if let Some(path) = file {
+            builder = builder.add_source(File::from(path).required(true));
+        }
+        if let Some(env) = env {
+            builder =
+                builder.add_source(env.prefix_separator("__").separator("__").try_parsing(true));
+        }
+        builder.build()?.try_deserialize()
+    }
+
+    /// The ladder these settings describe.
+    pub fn ladder(&self) -> Result<Ladder, LadderError> {
+        Ladder::new(&self.topology.prefix, self.topology.levels)
+    }
+}
+
+impl AmqpSettings {
+    /// The broker URL with its password replaced by `***`, for logs.
+    pub fn display_url(&self) -> String {
+        redact_url(&self.url)
+    }
+}
+
+impl DatabaseSettings {
+    /// The database URL with its password replaced by `***`, for logs.
+    pub fn display_url(&self) -> String {
+        redact_url(&self.url)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use secrecy::ExposeSecret;
+
+    use super::*;
+
+    fn with_env(vars: &[(&str, &str)]) -> Settings {
+        let source = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let env = Environment::with_prefix(ENV_PREFIX).source(Some(source));
+        Settings::load_with(None, Some(env)).unwrap()
+    }
+
+    #[test]
+    fn tls_files_come_from_the_environment() {
+        let s = with_env(&[("ORDER_EXPIRY__AMQP__TLS_CA_FILE", "/etc/tls/ca.pem")]);
+        assert_eq!(s.amqp.tls_ca_file, Some(PathBuf::from("/etc/tls/ca.pem")));
+        assert_eq!(s.amqp.tls_cert_file, None);
+        assert_eq!(s.topology.vhost, "order-expiry");
+    }
+
+    #[test]
+    fn defaults_load_and_reach_local_services() {
+        let s = Settings::default();
+        assert_eq!(s.topology.prefix, "orders");
+        assert_eq!(s.topology.queue_type, QueueType::Quorum);
+        assert!(s.amqp.url.expose_secret().contains("127.0.0.1:5672"));
+        assert!(s.ladder().unwrap().max_delay_secs() >= 30 * 24 * 3600);
+        assert_eq!(s.amqp.timeout, Duration::from_secs(10));
+        assert!(s.sweeper.enabled);
+        assert!(
+            s.sweeper.grace >= Duration::from_secs(60),
+            "the ladder gets time first"
+        );
+        assert!(
+            s.sweeper
+                .sweep_sql
+                .contains("status = 'unpaid' RETURNING id")
+        );
+    }
+
+    #[test]
+    fn durations_keep_their_millisecond_keys() {
+        let s = with_env(&[
+            ("ORDER_EXPIRY__SWEEPER__ENABLED", "false"),
+            ("ORDER_EXPIRY__SWEEPER__GRACE_MS", "1500"),
+            ("ORDER_EXPIRY__CONSUMER__MAX_HOLD_MS", "250"),
+        ]);
+        assert!(!s.sweeper.enabled);
+        assert_eq!(s.sweeper.grace, Duration::from_millis(1500));
+        assert_eq!(s.consumer.max_hold, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn environment_overrides_defaults() {
+        let s = with_env(&[
+            ("ORDER_EXPIRY__TOPOLOGY__PREFIX", "t1"),
+            ("ORDER_EXPIRY__CONSUMER__PREFETCH", "7"),
+            ("ORDER_EXPIRY__HTTP__LISTEN", "0.0.0.0:9"),
+        ]);
+        assert_eq!(s.topology.prefix, "t1");
+        assert_eq!(s.consumer.prefetch, 7);
+        assert_eq!(s.http.listen, "0.0.0.0:9");
+    }
+
+    #[test]
+    fn secrets_do_not_print() {
+        let s = Settings::default();
+        let debug = format!("{s:?}");
+        assert!(!debug.contains("guest:guest"), "{debug}");
+        assert_eq!(s.amqp.display_url(), "amqp://guest:***@127.0.0.1:5672/%2f");
+    }
+}

@@ -1,0 +1,267 @@
+//! Every metric order-expiry exports, in one table: name, type, labels and the
+//! meaning `/metrics` serves as `# HELP`. The code records metrics only through
+//! these constants, and tests hold the README's catalog and the Grafana
+//! dashboard to the same table.
+
+// The publisher records `order_expiry_schedule_total` only; the rest belong to
+// the service.
+#![cfg_attr(not(feature = "service"), allow(dead_code))]
+
+/// How a metric is exported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+impl Kind {
+    /// The Prometheus type name.
+    #[cfg(test)]
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Counter => "counter",
+            Self::Gauge => "gauge",
+            Self::Histogram => "histogram",
+        }
+    }
+}
+
+/// One exported metric.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Metric {
+    pub(crate) name: &'static str,
+    pub(crate) kind: Kind,
+    pub(crate) labels: &'static [&'static str],
+    pub(crate) help: &'static str,
+}
+
+const fn metric(name: &'static str, kind: Kind, help: &'static str) -> Metric {
+    Metric {
+        name,
+        kind,
+        labels: &[],
+        help,
+    }
+}
+
+pub(crate) const MESSAGES_TOTAL: Metric = Metric {
+    labels: &["outcome"],
+    ..metric(
+        "order_expiry_messages_total",
+        Kind::Counter,
+        "Due messages handled, by outcome: cancelled, not_unpaid, unknown, parked.",
+    )
+};
+pub(crate) const LATENESS_SECONDS: Metric = metric(
+    "order_expiry_lateness_seconds",
+    Kind::Histogram,
+    "Time from due_at to the cancel statement's answer, for cancelled orders.",
+);
+pub(crate) const EARLY_TOTAL: Metric = metric(
+    "order_expiry_early_total",
+    Kind::Counter,
+    "Orders cancelled before their due_at (must stay 0).",
+);
+pub(crate) const HELD_TOTAL: Metric = metric(
+    "order_expiry_held_total",
+    Kind::Counter,
+    "Messages that arrived before due_at and were held unacked until then.",
+);
+pub(crate) const PARKED_TOTAL: Metric = metric(
+    "order_expiry_parked_total",
+    Kind::Counter,
+    "Messages copied to the parked queue: they can never be processed.",
+);
+pub(crate) const RETRIES_TOTAL: Metric = metric(
+    "order_expiry_retries_total",
+    Kind::Counter,
+    "Batches or parks retried after a database or broker failure.",
+);
+pub(crate) const RECONNECTS_TOTAL: Metric = metric(
+    "order_expiry_reconnects_total",
+    Kind::Counter,
+    "Consumer sessions that ended on a broker fault and were restarted.",
+);
+pub(crate) const CONSUMING: Metric = metric(
+    "order_expiry_consuming",
+    Kind::Gauge,
+    "1 while the consumer is subscribed to the due queue on a live connection.",
+);
+pub(crate) const SWEPT_TOTAL: Metric = metric(
+    "order_expiry_swept_total",
+    Kind::Counter,
+    "Overdue unpaid orders cancelled by the safety-net sweeper.",
+);
+pub(crate) const SWEEP_ERRORS_TOTAL: Metric = metric(
+    "order_expiry_sweep_errors_total",
+    Kind::Counter,
+    "Sweeps that failed (database errors).",
+);
+pub(crate) const SCHEDULE_TOTAL: Metric = Metric {
+    labels: &["result"],
+    ..metric(
+        "order_expiry_schedule_total",
+        Kind::Counter,
+        "Scheduler::schedule calls by result: ok or the error kind (publisher side).",
+    )
+};
+
+/// The whole catalog, in the README's order.
+pub(crate) const CATALOG: &[Metric] = &[
+    MESSAGES_TOTAL,
+    LATENESS_SECONDS,
+    EARLY_TOTAL,
+    HELD_TOTAL,
+    PARKED_TOTAL,
+    RETRIES_TOTAL,
+    RECONNECTS_TOTAL,
+    CONSUMING,
+    SWEPT_TOTAL,
+    SWEEP_ERRORS_TOTAL,
+    SCHEDULE_TOTAL,
+];
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::path::Path;
+
+    use super::*;
+
+    fn repo_file(path: &str) -> String {
+        let full = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+        std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
+    }
+
+    fn by_name() -> BTreeMap<&'static str, Metric> {
+        CATALOG.iter().map(|m| (m.name, *m)).collect()
+    }
+
+    /// The rows `| `name` | type | labels | meaning |` of the README's Operations section.
+    fn readme_catalog() -> Vec<(String, String, BTreeSet<String>, String)> {
+        let readme = repo_file("README.md");
+        let operations = readme
+            .split("\n## ")
+            .find(|s| s.starts_with("Operations\n"))
+            .expect("README has an ## Operations section");
+        operations
+            .lines()
+            .filter_map(|line| {
+                let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+                let name = cells.get(1)?.strip_prefix("`order_expiry_")?;
+                let name = format!("order_expiry_{}", name.strip_suffix('`')?);
+                let labels = cells[3]
+                    .split(',')
+                    .map(|l| l.trim().trim_matches('`').to_owned())
+                    .filter(|l| !l.is_empty() && l != "-")
+                    .collect();
+                Some((name, cells[2].to_owned(), labels, cells[4].to_owned()))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_readme_catalog_is_this_catalog() {
+        let rows = readme_catalog();
+        let documented: BTreeSet<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+        let exported: BTreeSet<&str> = CATALOG.iter().map(|m| m.name).collect();
+        assert_eq!(documented, exported, "README metrics catalog vs the code");
+        let catalog = by_name();
+        for (name, kind, labels, meaning) in &rows {
+            let metric = catalog[name.as_str()];
+            assert_eq!(kind, metric.kind.as_str(), "README type of {name}");
+            let expected: BTreeSet<String> =
+                metric.labels.iter().map(|l| (*l).to_owned()).collect();
+            assert_eq!(labels, &expected, "README labels of {name}");
+            assert!(!meaning.is_empty(), "README gives {name} no meaning");
+        }
+    }
+
+    /// A `counter!`, `gauge!` or `histogram!` named by a string literal would
+    /// bypass the catalog.
+    #[test]
+    fn the_code_records_metrics_by_catalog_name_only() {
+        let mut literal = Vec::new();
+        let mut pending = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("src")];
+        while let Some(dir) = pending.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    pending.push(path);
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).unwrap();
+                let squeezed: String = text.split_whitespace().collect();
+                for kind in ["counter", "gauge", "histogram"] {
+                    // Built here, so that this file does not match itself.
+                    let call = format!("{kind}!(\"");
+                    if squeezed.contains(&call) {
+                        literal.push(format!("{} uses {call}...", path.display()));
+                    }
+                }
+            }
+        }
+        assert!(literal.is_empty(), "{literal:#?}");
+    }
+
+    /// Every `order_expiry_*` series the dashboard queries is exported, and every
+    /// label it groups by exists on what it queries.
+    #[test]
+    fn the_dashboard_queries_exported_metrics_and_labels() {
+        let dashboard: serde_json::Value =
+            serde_json::from_str(&repo_file("deploy/grafana/order-expiry.json")).unwrap();
+        let catalog = by_name();
+        let panels = dashboard["panels"].as_array().expect("panels");
+        let mut queried = 0;
+        for target in panels
+            .iter()
+            .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+        {
+            let expr = target["expr"].as_str().unwrap_or_default();
+            let mut labels: BTreeSet<&str> = BTreeSet::from(["le"]);
+            for name in words(expr).filter(|w| w.starts_with("order_expiry_")) {
+                let base = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s))
+                    .filter(|b| catalog.get(b).is_some_and(|m| m.kind == Kind::Histogram))
+                    .unwrap_or(name);
+                let metric = catalog.get(base).unwrap_or_else(|| {
+                    panic!("the dashboard queries {name}, which nothing exports")
+                });
+                labels.extend(metric.labels);
+                queried += 1;
+            }
+            if words(expr).any(|w| w.starts_with("rabbitmq_")) {
+                labels.extend(["vhost", "queue"]);
+            }
+            for label in groupings(expr).flat_map(|g| g.split(',')) {
+                let label = label.trim();
+                assert!(
+                    labels.contains(label),
+                    "{expr}: no label {label:?} to group by"
+                );
+            }
+        }
+        assert!(queried > 0, "the dashboard queries no order_expiry_ metric");
+    }
+
+    /// The label lists of `by (...)` and `without (...)` clauses.
+    fn groupings(expr: &str) -> impl Iterator<Item = &str> {
+        ["by", "without"].into_iter().flat_map(move |keyword| {
+            expr.match_indices(keyword).filter_map(move |(at, _)| {
+                let word_start = expr[..at]
+                    .chars()
+                    .last()
+                    .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_'));
+                let rest = expr[at + keyword.len()..].trim_start().strip_prefix('(')?;
+                word_start.then(|| rest.split(')').next().unwrap_or(""))
+            })
+        })
+    }
+
+    fn words(expr: &str) -> impl Iterator<Item = &str> {
+        expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| !w.is_empty())
+    }
+}

@@ -1,0 +1,63 @@
+//! The process-wide Prometheus recorder `/metrics` renders.
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use super::catalog::{CATALOG, Kind, LATENESS_SECONDS, MESSAGES_TOTAL};
+
+/// Lateness buckets, in seconds: fine below 100 ms where the target is, coarse above.
+const LATENESS_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Outcome labels of `order_expiry_messages_total`, registered at 0.
+const OUTCOMES: &[&str] = &["cancelled", "not_unpaid", "unknown", "parked"];
+
+/// The recorder, installed on first use.
+pub(crate) fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Full(LATENESS_SECONDS.name.to_owned()),
+                    LATENESS_BUCKETS,
+                )
+                .unwrap_or_else(|_| PrometheusBuilder::new());
+            let recorder = builder.build_recorder();
+            let handle = recorder.handle();
+            // Another recorder may already be installed (a host application's);
+            // then this handle renders nothing, which is all we can do.
+            if metrics::set_global_recorder(recorder).is_ok() {
+                describe_metrics();
+            }
+            handle
+        })
+        .clone()
+}
+
+/// `# HELP` for every metric, and every unlabelled counter and gauge of the
+/// service at 0, so series exist from the start: `rate()`/`increase()` then see
+/// the first parked message too (a counter that appears at 1 shows no increase).
+fn describe_metrics() {
+    for metric in CATALOG {
+        let (name, help) = (metric.name, metric.help);
+        match metric.kind {
+            Kind::Histogram => metrics::describe_histogram!(name, help),
+            Kind::Gauge => {
+                metrics::describe_gauge!(name, help);
+                metrics::gauge!(name).set(0.0);
+            }
+            Kind::Counter => {
+                metrics::describe_counter!(name, help);
+                if metric.labels.is_empty() {
+                    metrics::counter!(name).increment(0);
+                }
+            }
+        }
+    }
+    for outcome in OUTCOMES {
+        metrics::counter!(MESSAGES_TOTAL.name, "outcome" => *outcome).increment(0);
+    }
+}

@@ -1,0 +1,139 @@
+//! The RabbitMQ definitions ops import (`order-expiry topology export`, the
+//! repository's `definitions.json`): the [`Topology`] in a vhost of its own plus
+//! the least-privilege users of [`super::access`], in the format
+//! `rabbitmqctl import_definitions` and `load_definitions` read.
+
+use serde_json::{Map, Value, json};
+
+use super::access::Access;
+use super::describe::{Arg, Binding, Destination, Exchange, ExchangeType, Queue, Topology};
+use super::ladder::Ladder;
+use crate::settings::TopologySettings;
+
+/// The definitions `topology export` prints for `settings`: every exchange, queue
+/// and binding, and the publisher and consumer users with their permissions, all
+/// in `vhost`; pretty-printed with a trailing newline, the bytes of
+/// `definitions.json` for the default settings.
+pub fn definitions_json(ladder: &Ladder, settings: &TopologySettings, vhost: &str) -> String {
+    let mut definitions = objects(&Topology::describe(ladder, settings), vhost);
+    Access::describe(ladder).add_to(&mut definitions, vhost);
+    let mut text =
+        serde_json::to_string_pretty(&definitions).unwrap_or_else(|_| String::from("{}"));
+    text.push('\n');
+    text
+}
+
+/// The vhost and every object of `topology` in it.
+fn objects(topology: &Topology, vhost: &str) -> Value {
+    json!({
+        "vhosts": [{ "name": vhost }],
+        "exchanges": topology.exchanges.iter().map(|e| exchange(e, vhost)).collect::<Vec<_>>(),
+        "queues": topology.queues.iter().map(|q| queue(q, vhost)).collect::<Vec<_>>(),
+        "bindings": topology.bindings.iter().map(|b| binding(b, vhost)).collect::<Vec<_>>(),
+    })
+}
+
+fn exchange(e: &Exchange, vhost: &str) -> Value {
+    let kind = match e.kind {
+        ExchangeType::Topic => "topic",
+        ExchangeType::Fanout => "fanout",
+    };
+    json!({
+        "name": e.name,
+        "vhost": vhost,
+        "type": kind,
+        "durable": true,
+        "auto_delete": false,
+        "internal": false,
+        "arguments": {},
+    })
+}
+
+fn queue(q: &Queue, vhost: &str) -> Value {
+    let arguments: Map<String, Value> = q
+        .arguments
+        .iter()
+        .map(|(k, v)| {
+            let v = match v {
+                Arg::Str(s) => json!(s),
+                Arg::Int(i) => json!(i),
+            };
+            (k.clone(), v)
+        })
+        .collect();
+    json!({
+        "name": q.name,
+        "vhost": vhost,
+        "durable": true,
+        "auto_delete": false,
+        "arguments": arguments,
+    })
+}
+
+fn binding(b: &Binding, vhost: &str) -> Value {
+    let destination_type = match b.destination_type {
+        Destination::Queue => "queue",
+        Destination::Exchange => "exchange",
+    };
+    json!({
+        "source": b.source,
+        "vhost": vhost,
+        "destination": b.destination,
+        "destination_type": destination_type,
+        "routing_key": b.routing_key,
+        "arguments": {},
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Settings;
+
+    #[test]
+    fn definitions_name_every_object_in_the_vhost() {
+        let settings = TopologySettings {
+            levels: 4,
+            ..Settings::default().topology
+        };
+        let ladder = Ladder::new("orders", 4).unwrap();
+        let defs = objects(&Topology::describe(&ladder, &settings), "vh");
+        assert_eq!(defs["queues"].as_array().unwrap().len(), 4 + 2);
+        assert_eq!(defs["exchanges"].as_array().unwrap().len(), 4 + 2);
+        assert_eq!(defs["bindings"].as_array().unwrap().len(), 4 * 2 + 2);
+        assert!(
+            defs["queues"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|q| q["vhost"] == "vh" && q["durable"] == true)
+        );
+    }
+
+    #[test]
+    fn the_export_names_its_vhost_and_passwordless_users() {
+        let settings = Settings::default();
+        let text = definitions_json(
+            &settings.ladder().unwrap(),
+            &settings.topology,
+            &settings.topology.vhost,
+        );
+        let defs: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(defs["vhosts"], json!([{ "name": "order-expiry" }]));
+        let users = defs["users"].as_array().unwrap();
+        assert_eq!(users.len(), 2);
+        assert!(users.iter().all(|u| u["password_hash"] == ""));
+        assert!(
+            defs["permissions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .chain(defs["topic_permissions"].as_array().unwrap())
+                .all(|p| p["vhost"] == "order-expiry")
+        );
+        assert!(
+            !text.contains("guest"),
+            "guest is not part of the definitions"
+        );
+    }
+}

@@ -1,0 +1,259 @@
+//! One description of every exchange, queue and binding. `topology apply`
+//! declares it over AMQP ([`Topology::apply`]), `topology export` prints it as
+//! RabbitMQ definitions and the users' permissions are derived from it, so none
+//! of them can disagree. Pure: no I/O.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use super::ladder::Ladder;
+use crate::settings::{QueueType, TopologySettings};
+
+/// A queue or exchange argument: RabbitMQ arguments here are strings or integers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Arg {
+    /// A string argument, e.g. `x-queue-type`.
+    Str(String),
+    /// An integer argument, e.g. `x-message-ttl`.
+    Int(i64),
+}
+
+/// Kind of exchange, as far as this topology uses them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ExchangeType {
+    /// Routes on routing-key patterns: the ladder levels and the due exchange.
+    Topic,
+    /// Routes everything: the parked exchange.
+    Fanout,
+}
+
+/// A durable exchange.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Exchange {
+    pub(crate) name: String,
+    pub(crate) kind: ExchangeType,
+}
+
+/// A durable queue and its `x-` arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Queue {
+    pub(crate) name: String,
+    pub(crate) arguments: BTreeMap<String, Arg>,
+}
+
+/// Where a binding delivers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Destination {
+    /// Into a queue.
+    Queue,
+    /// Into another exchange (exchange-to-exchange binding).
+    Exchange,
+}
+
+/// A binding from an exchange to a queue or exchange, with its topic pattern
+/// (empty for fanout).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Binding {
+    pub(crate) source: String,
+    pub(crate) destination: String,
+    pub(crate) destination_type: Destination,
+    pub(crate) routing_key: String,
+}
+
+/// Every exchange, queue and binding of one deployment, in the order they must
+/// be declared.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topology {
+    pub(crate) exchanges: Vec<Exchange>,
+    pub(crate) queues: Vec<Queue>,
+    pub(crate) bindings: Vec<Binding>,
+}
+
+impl Topology {
+    /// The full topology: ladder levels, due exchange and queue, parked exchange and queue.
+    pub fn describe(ladder: &Ladder, settings: &TopologySettings) -> Self {
+        let mut topology = Self::consumer_part(ladder);
+        for level in (0..ladder.levels()).rev() {
+            let name = ladder.level_name(level);
+            topology.exchanges.push(Exchange {
+                name: name.clone(),
+                kind: ExchangeType::Topic,
+            });
+            topology
+                .queues
+                .push(holding_queue(ladder, settings, level, name.clone()));
+            let (hold, pass) = ladder.binding_patterns(level);
+            topology.bindings.push(Binding {
+                source: name.clone(),
+                destination: name.clone(),
+                destination_type: Destination::Queue,
+                routing_key: hold,
+            });
+            topology.bindings.push(Binding {
+                source: name,
+                destination: ladder.dead_letter_target(level),
+                destination_type: Destination::Exchange,
+                routing_key: pass,
+            });
+        }
+        topology
+    }
+
+    /// What the consumer needs and re-declares after every reconnect: the due and
+    /// parked exchanges and queues. It does not touch the ladder.
+    pub fn consumer_part(ladder: &Ladder) -> Self {
+        let quorum = BTreeMap::from([("x-queue-type".to_owned(), Arg::Str("quorum".to_owned()))]);
+        let exchange = |name, kind| Exchange { name, kind };
+        let queue = |name| Queue {
+            name,
+            arguments: quorum.clone(),
+        };
+        let binding = |source, destination, routing_key: &str| Binding {
+            source,
+            destination,
+            destination_type: Destination::Queue,
+            routing_key: routing_key.to_owned(),
+        };
+        Self {
+            exchanges: vec![
+                exchange(ladder.due_exchange(), ExchangeType::Topic),
+                exchange(ladder.parked_exchange(), ExchangeType::Fanout),
+            ],
+            queues: vec![queue(ladder.due_queue()), queue(ladder.parked_queue())],
+            bindings: vec![
+                binding(ladder.due_exchange(), ladder.due_queue(), "#"),
+                binding(ladder.parked_exchange(), ladder.parked_queue(), ""),
+            ],
+        }
+    }
+
+    /// The names of every queue, in declaration order.
+    pub fn queue_names(&self) -> impl Iterator<Item = &str> {
+        self.queues.iter().map(|q| q.name.as_str())
+    }
+}
+
+impl fmt::Display for Topology {
+    /// How much there is: `N exchanges, M queues, K bindings`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} exchanges, {} queues, {} bindings",
+            self.exchanges.len(),
+            self.queues.len(),
+            self.bindings.len()
+        )
+    }
+}
+
+fn holding_queue(ladder: &Ladder, settings: &TopologySettings, level: u8, name: String) -> Queue {
+    let ttl = i64::try_from(Ladder::level_ttl_ms(level)).unwrap_or(i64::MAX);
+    let mut arguments = BTreeMap::from([
+        ("x-message-ttl".to_owned(), Arg::Int(ttl)),
+        (
+            "x-dead-letter-exchange".to_owned(),
+            Arg::Str(ladder.dead_letter_target(level)),
+        ),
+        (
+            "x-queue-type".to_owned(),
+            Arg::Str(settings.queue_type.as_str().to_owned()),
+        ),
+        // A full queue refuses the publish (schedule() fails with a nack) rather
+        // than dropping its oldest message.
+        (
+            "x-overflow".to_owned(),
+            Arg::Str("reject-publish".to_owned()),
+        ),
+    ]);
+    if settings.queue_type == QueueType::Quorum {
+        // Classic dead-lettering is at-most-once: a crash between expiry and
+        // the dead-letter publish loses the message. At-least-once needs
+        // reject-publish overflow.
+        arguments.insert(
+            "x-dead-letter-strategy".to_owned(),
+            Arg::Str("at-least-once".to_owned()),
+        );
+    }
+    if settings.max_length > 0 {
+        let max = i64::try_from(settings.max_length).unwrap_or(i64::MAX);
+        arguments.insert("x-max-length".to_owned(), Arg::Int(max));
+    }
+    Queue { name, arguments }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::ladder::topic_matches;
+
+    fn settings(queue_type: QueueType) -> TopologySettings {
+        TopologySettings {
+            queue_type,
+            levels: 4,
+            ..crate::Settings::default().topology
+        }
+    }
+
+    #[test]
+    fn every_level_has_queue_ttl_and_dead_letter_target() {
+        let ladder = Ladder::new("orders", 4).unwrap();
+        let t = Topology::describe(&ladder, &settings(QueueType::Quorum));
+        for level in 0..4u8 {
+            let q = t
+                .queues
+                .iter()
+                .find(|q| q.name == ladder.level_name(level))
+                .unwrap();
+            assert_eq!(
+                q.arguments["x-message-ttl"],
+                Arg::Int(1000 << level),
+                "level {level}"
+            );
+            assert_eq!(
+                q.arguments["x-dead-letter-exchange"],
+                Arg::Str(ladder.dead_letter_target(level))
+            );
+            assert_eq!(
+                q.arguments["x-dead-letter-strategy"],
+                Arg::Str("at-least-once".into())
+            );
+            assert_eq!(q.arguments["x-overflow"], Arg::Str("reject-publish".into()));
+        }
+    }
+
+    #[test]
+    fn classic_holding_queues_have_no_at_least_once_strategy() {
+        let ladder = Ladder::new("orders", 4).unwrap();
+        let t = Topology::describe(&ladder, &settings(QueueType::Classic));
+        let q = &t.queues[2];
+        assert_eq!(q.arguments["x-queue-type"], Arg::Str("classic".into()));
+        assert_eq!(q.arguments["x-overflow"], Arg::Str("reject-publish".into()));
+        assert!(!q.arguments.contains_key("x-dead-letter-strategy"));
+    }
+
+    #[test]
+    fn each_level_routes_every_key_exactly_once() {
+        let ladder = Ladder::new("orders", 4).unwrap();
+        let t = Topology::describe(&ladder, &settings(QueueType::Quorum));
+        for delay in 0..16 {
+            let key = ladder.routing_key(delay);
+            for level in 0..4 {
+                let name = ladder.level_name(level);
+                let matches = t
+                    .bindings
+                    .iter()
+                    .filter(|b| b.source == name && topic_matches(&b.routing_key, &key))
+                    .count();
+                assert_eq!(matches, 1, "key {key} at level {level}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_summary_counts_every_object() {
+        let ladder = Ladder::new("orders", 4).unwrap();
+        let t = Topology::describe(&ladder, &settings(QueueType::Quorum));
+        assert_eq!(t.to_string(), "6 exchanges, 6 queues, 10 bindings");
+        assert_eq!(t.queue_names().next(), Some("orders.due"));
+    }
+}

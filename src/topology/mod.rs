@@ -1,0 +1,20 @@
+//! The broker side: the delay ladder's arithmetic, the one description of every
+//! exchange, queue and binding, declaring it, and the definitions ops import.
+//!
+//! - [`ladder`]: delay → entry exchange and routing key; level names. Pure.
+//! - [`describe`]: the [`Topology`], derived from a ladder and its settings. Pure.
+//! - [`declare`]: `topology apply`: declare it over AMQP, bounded.
+//! - [`definitions`]: `topology export`: the definitions JSON, with the users of [`access`].
+//! - [`access`]: the least-privilege publisher and consumer users. Pure.
+
+mod access;
+mod declare;
+mod definitions;
+mod describe;
+mod ladder;
+
+pub use self::access::{CONSUMER_USER, PUBLISHER_USER};
+pub use self::declare::TopologyError;
+pub use self::definitions::definitions_json;
+pub use self::describe::Topology;
+pub use self::ladder::{DelayTooLong, Ladder, LadderError, Route};

@@ -1,0 +1,73 @@
+//! The real consumer in the test's own process, observed: tests wait for
+//! outcomes instead of sleeping.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use order_expiry::{Consumer, Handled, PgOrderStore, Readiness, Settings};
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio_util::sync::CancellationToken;
+
+/// A running [`Consumer`] and what it reports.
+#[derive(Debug)]
+pub struct RunningConsumer {
+    /// Every handled delivery, after its ack.
+    pub outcomes: UnboundedReceiver<Handled>,
+    /// Cancelled to stop it.
+    pub stop: CancellationToken,
+    /// Its task.
+    pub task: tokio::task::JoinHandle<()>,
+    /// What `/readyz` would say.
+    pub readiness: Arc<Readiness>,
+}
+
+impl RunningConsumer {
+    /// Starts a consumer for `settings` on `store`.
+    pub fn start(settings: &Settings, store: Arc<PgOrderStore>) -> Self {
+        let readiness = Arc::new(Readiness::default());
+        let mut consumer =
+            Consumer::new(settings, store, Arc::clone(&readiness)).expect("consumer");
+        let outcomes = consumer.observe();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(consumer.run(stop.clone()));
+        Self {
+            outcomes,
+            stop,
+            task,
+            readiness,
+        }
+    }
+
+    /// Waits for `n` handled deliveries, failing the test after `timeout`.
+    pub async fn next_n(&mut self, n: usize, timeout: Duration) -> Vec<Handled> {
+        let mut got = Vec::with_capacity(n);
+        let deadline = tokio::time::Instant::now() + timeout;
+        while got.len() < n {
+            match tokio::time::timeout_at(deadline, self.outcomes.recv()).await {
+                Ok(Some(h)) => got.push(h),
+                Ok(None) => panic!("consumer stopped after {} of {n} outcomes", got.len()),
+                Err(_) => panic!(
+                    "only {} of {n} outcomes within {timeout:?}: {got:?}",
+                    got.len()
+                ),
+            }
+        }
+        got
+    }
+
+    /// Asserts nothing more is handled for `quiet`.
+    pub async fn expect_quiet(&mut self, quiet: Duration) {
+        if let Ok(Some(h)) = tokio::time::timeout(quiet, self.outcomes.recv()).await {
+            panic!("unexpected outcome {h:?}");
+        }
+    }
+
+    /// Stops it and waits for its drain.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        tokio::time::timeout(Duration::from_secs(15), self.task)
+            .await
+            .expect("consumer stops within its drain timeout")
+            .expect("consumer task");
+    }
+}

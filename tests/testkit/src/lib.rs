@@ -1,0 +1,43 @@
+//! The one test fixture of order-expiry, shared by `tests/integration`,
+//! `tests/faults` and the benchmarks (`bench/`): dev-only, never published.
+//!
+//! - [`services`]: where the test broker and database are (environment
+//!   overrides such as `ORDER_EXPIRY_TEST_AMQP_PORT`), and small helpers.
+//! - [`world`]: [`World`]: an isolated topology prefix and PostgreSQL schema,
+//!   the topology declared, settings pointed at them, cleanup.
+//! - [`consumer`]: [`RunningConsumer`]: the real consumer in-process, observed.
+//! - [`child`]: [`Launch`] / [`Child`]: our binaries as child processes.
+//! - [`served`]: [`Served`]: `order-expiry serve` as a child, its HTTP endpoint.
+//! - [`procfs`]: memory and CPU of processes, from `/proc`.
+//!
+//! To run a test against another broker, build its world with
+//! `World::builder().amqp_port(5673)`, or set `ORDER_EXPIRY_TEST_AMQP_PORT`
+//! (and `ORDER_EXPIRY_TEST_RABBITMQ_NODE` for `rabbitmqctl`) for every test.
+
+#![deny(unsafe_code)]
+#![warn(missing_debug_implementations, unreachable_pub, missing_docs)]
+
+pub mod child;
+pub mod consumer;
+pub mod procfs;
+pub mod served;
+pub mod services;
+pub mod world;
+
+pub use self::child::{Child, Launch, settings_env};
+pub use self::consumer::RunningConsumer;
+pub use self::served::{ReadyWatch, Served, http_get, metric_value};
+pub use self::services::{
+    amqp_port, amqp_url, amqp_url_on, at_ms, database, database_url, free_port, rabbitmqctl, vhost,
+    with_search_path,
+};
+pub use self::world::{OrderRow, TEST_LEVELS, World, WorldBuilder};
+
+/// A message for `order_id` due at `due_at`; panics on an invalid id.
+pub fn message(
+    order_id: &str,
+    due_at: chrono::DateTime<chrono::Utc>,
+) -> order_expiry::ExpiryMessage {
+    let order_id = order_expiry::OrderId::new(order_id).expect("a valid order id");
+    order_expiry::ExpiryMessage::new(order_id, due_at)
+}

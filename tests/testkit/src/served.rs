@@ -1,0 +1,210 @@
+//! The real `order-expiry serve` as a child process, its HTTP endpoint, and
+//! `/readyz` sampling.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::ops::{Deref, DerefMut};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use order_expiry::Settings;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+use crate::child::{Child, Launch};
+
+/// `order-expiry serve` for a world; killed when dropped.
+#[derive(Debug)]
+pub struct Served {
+    child: Child,
+    /// Its `/healthz`, `/readyz` and `/metrics`.
+    pub addr: SocketAddr,
+}
+
+impl Served {
+    /// Starts `binary serve` (tests pass `env!("CARGO_BIN_EXE_order-expiry")`)
+    /// with `settings` ([`crate::settings_env`]), JSON logs into `log` and HTTP
+    /// on a free port; `env` adds or overrides `ORDER_EXPIRY__…` variables.
+    /// Returns once it logged its HTTP address.
+    pub async fn start(
+        binary: &Path,
+        settings: &Settings,
+        env: &[(&str, &str)],
+        log: PathBuf,
+    ) -> Self {
+        let mut launch = Launch::new(binary, log)
+            .args(["serve"])
+            .settings(settings)
+            .env("ORDER_EXPIRY__HTTP__LISTEN", "127.0.0.1:0")
+            .env("ORDER_EXPIRY__LOG__FORMAT", "json");
+        for (key, value) in env {
+            launch = launch.env(key, value);
+        }
+        let mut child = launch.spawn().expect("order-expiry serve starts");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(addr) = logged_addr(child.log_path()) {
+                return Self { child, addr };
+            }
+            if !child.running() {
+                panic!("serve exited at start-up:\n{}", child.log_tail(40));
+            }
+            assert!(
+                Instant::now() < deadline,
+                "serve never logged its http address:\n{}",
+                child.log_tail(40)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// `GET path` → (status, body); `None` when nothing answers.
+    pub async fn get(&self, path: &str) -> Option<(u16, String)> {
+        http_get(self.addr, path).await
+    }
+
+    /// Waits until `/readyz` answers 200; how long that took.
+    pub async fn wait_ready(&self, timeout: Duration) -> Duration {
+        let start = Instant::now();
+        loop {
+            if let Some((200, _)) = self.get("/readyz").await {
+                return start.elapsed();
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "not ready within {timeout:?}:\n{}",
+                self.log_tail(30)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The sum of the series of `/metrics` that start with `series` (a metric
+    /// name with or without labels); 0 when absent.
+    pub async fn metric(&self, series: &str) -> f64 {
+        let Some((200, text)) = self.get("/metrics").await else {
+            return 0.0;
+        };
+        metric_value(&text, series)
+    }
+}
+
+impl Deref for Served {
+    type Target = Child;
+
+    fn deref(&self) -> &Child {
+        &self.child
+    }
+}
+
+impl DerefMut for Served {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.child
+    }
+}
+
+/// The `http endpoint listening addr=...` line of a JSON log.
+fn logged_addr(log: &Path) -> Option<SocketAddr> {
+    let file = std::fs::File::open(log).ok()?;
+    BufReader::new(file)
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|line| {
+            let value: serde_json::Value = serde_json::from_str(&line).ok()?;
+            let fields = value.get("fields")?;
+            (fields.get("message")?.as_str()? == "http endpoint listening")
+                .then(|| fields.get("addr")?.as_str()?.parse().ok())
+                .flatten()
+        })
+}
+
+/// The sum of the series of a Prometheus text that start with `series`.
+pub fn metric_value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(series))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// `GET path` on `addr` → (status, body), within 5 s; `None` when nothing answers.
+pub async fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.ok()?;
+        let status = response.get(9..12)?.parse().ok()?;
+        let body = response.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
+        Some((status, body))
+    };
+    tokio::time::timeout(Duration::from_secs(5), exchange)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Polls `/readyz` every 100 ms in the background and keeps every answer, so a
+/// test can ask what readiness said during and after a fault.
+#[derive(Debug)]
+pub struct ReadyWatch {
+    samples: Arc<Mutex<Vec<(Instant, u16)>>>,
+    stop: CancellationToken,
+}
+
+impl ReadyWatch {
+    /// Starts polling `served`.
+    pub fn start(served: &Served) -> Self {
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let stop = CancellationToken::new();
+        let (addr, keep, done) = (served.addr, Arc::clone(&samples), stop.clone());
+        tokio::spawn(async move {
+            while !done.is_cancelled() {
+                let status = http_get(addr, "/readyz").await.map_or(0, |(s, _)| s);
+                keep.lock().unwrap().push((Instant::now(), status));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        Self { samples, stop }
+    }
+
+    /// Waits until `/readyz` said `status` after `since`; when it did.
+    pub async fn wait_for(&self, status: u16, since: Instant, timeout: Duration) -> Instant {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let seen = self
+                .samples
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|(at, s)| *at >= since && *s == status)
+                .map(|(at, _)| *at);
+            if let Some(at) = seen {
+                return at;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "/readyz never answered {status} within {timeout:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Every answer between `from` and `to`.
+    pub fn between(&self, from: Instant, to: Instant) -> Vec<u16> {
+        self.samples
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(at, _)| *at >= from && *at <= to)
+            .map(|(_, s)| *s)
+            .collect()
+    }
+}
+
+impl Drop for ReadyWatch {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}

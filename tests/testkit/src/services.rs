@@ -1,0 +1,142 @@
+//! Where the tests' broker and database are, and small helpers around them.
+//!
+//! Defaults: RabbitMQ on `127.0.0.1:5672` as `guest`, vhost `order-expiry-test`;
+//! PostgreSQL on `127.0.0.1:5432` as `postgres`, database `order_expiry_test`
+//! (`scripts/test` resets both). Environment variables point them elsewhere:
+//!
+//! | variable | default | what |
+//! | --- | --- | --- |
+//! | `ORDER_EXPIRY_TEST_AMQP_PORT` | `5672` | the broker's AMQP port (another node, e.g. a RabbitMQ 4 on 5673) |
+//! | `ORDER_EXPIRY_TEST_AMQP_URL` | from the port | the whole base URL, `amqp://user:pass@host:port` (no vhost) |
+//! | `ORDER_EXPIRY_TEST_RABBITMQ_NODE` | the local default node | `rabbitmqctl -n` for that broker |
+//! | `ORDER_EXPIRY_TEST_VHOST` | `order-expiry-test` | the vhost every test prefix lives in |
+//! | `ORDER_EXPIRY_TEST_DATABASE` | `order_expiry_test` | the database every test schema lives in |
+
+use std::process::Command;
+
+use chrono::{DateTime, TimeDelta, Utc};
+
+const DEFAULT_AMQP_PORT: u16 = 5672;
+
+/// The test broker's AMQP port: `ORDER_EXPIRY_TEST_AMQP_PORT`, default 5672.
+pub fn amqp_port() -> u16 {
+    std::env::var("ORDER_EXPIRY_TEST_AMQP_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(DEFAULT_AMQP_PORT)
+}
+
+/// The vhost every test prefix lives in.
+pub fn vhost() -> String {
+    std::env::var("ORDER_EXPIRY_TEST_VHOST").unwrap_or_else(|_| "order-expiry-test".into())
+}
+
+/// The database every test schema lives in.
+pub fn database() -> String {
+    std::env::var("ORDER_EXPIRY_TEST_DATABASE").unwrap_or_else(|_| "order_expiry_test".into())
+}
+
+/// The test vhost on the test broker (`ORDER_EXPIRY_TEST_AMQP_URL` or the port).
+pub fn amqp_url() -> String {
+    let base = std::env::var("ORDER_EXPIRY_TEST_AMQP_URL")
+        .unwrap_or_else(|_| format!("amqp://guest:guest@127.0.0.1:{}", amqp_port()));
+    with_vhost(base.trim_end_matches('/'), &vhost())
+}
+
+/// The test vhost on the local broker listening on `port`, as `guest`.
+pub fn amqp_url_on(port: u16) -> String {
+    with_vhost(&format!("amqp://guest:guest@127.0.0.1:{port}"), &vhost())
+}
+
+fn with_vhost(base: &str, vhost: &str) -> String {
+    let encoded = vhost.replace('%', "%25").replace('/', "%2f");
+    format!("{base}/{encoded}")
+}
+
+/// The test database, with `search_path` set to `schema` when given.
+pub fn database_url(schema: Option<&str>) -> String {
+    let url = format!("postgres://postgres@127.0.0.1:5432/{}", database());
+    match schema {
+        Some(schema) => with_search_path(&url, schema),
+        None => url,
+    }
+}
+
+/// `url` with `search_path` set to `schema` through the `options` parameter.
+pub fn with_search_path(url: &str, schema: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}options=-csearch_path%3D{schema}")
+}
+
+/// Runs `rabbitmqctl` (with `-n $ORDER_EXPIRY_TEST_RABBITMQ_NODE` when set),
+/// panicking with its output on failure.
+pub fn rabbitmqctl(args: &[&str]) -> String {
+    let out = rabbitmqctl_command()
+        .args(args)
+        .output()
+        .expect("rabbitmqctl runs");
+    assert!(
+        out.status.success(),
+        "rabbitmqctl {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn rabbitmqctl_command() -> Command {
+    let mut command = Command::new("rabbitmqctl");
+    if let Ok(node) = std::env::var("ORDER_EXPIRY_TEST_RABBITMQ_NODE") {
+        command.args(["-n", &node]);
+    }
+    command
+}
+
+/// A TCP port nobody listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// `ms` milliseconds from now (negative: ago).
+pub fn at_ms(ms: i64) -> DateTime<Utc> {
+    Utc::now() + TimeDelta::milliseconds(ms)
+}
+
+/// Creates the test vhost and database once per process when `scripts/test` has
+/// not (a plain `cargo test`).
+pub(crate) async fn ensure_test_vhost_and_database() {
+    static ONCE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    ONCE.get_or_init(|| async {
+        let reachable = lapin::Connection::connect(&amqp_url(), Default::default()).await;
+        if reachable.is_err() {
+            let _ = rabbitmqctl_command()
+                .args(["-q", "add_vhost", &vhost()])
+                .output();
+            let vhost = vhost();
+            rabbitmqctl(&[
+                "-q",
+                "set_permissions",
+                "-p",
+                &vhost,
+                "guest",
+                ".*",
+                ".*",
+                ".*",
+            ]);
+        }
+        let (client, connection) = tokio_postgres::connect(
+            "host=127.0.0.1 user=postgres dbname=postgres",
+            tokio_postgres::NoTls,
+        )
+        .await
+        .expect("PostgreSQL on 127.0.0.1:5432 as postgres");
+        tokio::spawn(connection);
+        let _ = client
+            .batch_execute(&format!("CREATE DATABASE {}", database()))
+            .await;
+    })
+    .await;
+}

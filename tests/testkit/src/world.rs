@@ -1,0 +1,447 @@
+//! One isolated world: its own topology prefix in the broker's vhost and its own
+//! PostgreSQL schema with the orders table, the topology declared, settings
+//! pointing at both, and a cleanup that removes them. Tests, fault tests and
+//! benchmarks run side by side against the real services without seeing each
+//! other.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Channel, Confirmation, Connection};
+use order_expiry::{ExpiryMessage, PgOrderStore, Scheduler, Settings, Topology};
+use secrecy::{ExposeSecret, SecretString};
+use tokio::sync::Mutex;
+
+use crate::consumer::RunningConsumer;
+use crate::services::{self, with_search_path};
+
+/// Ladder levels of test worlds: delays up to 63 s, quick to declare.
+pub const TEST_LEVELS: u8 = 6;
+
+/// How long the admin link waits for a broker that is (re)starting.
+const BROKER_WAIT: Duration = Duration::from_secs(60);
+
+/// One isolated world; see the module docs. Built by [`World::new`] (a test
+/// world) or [`World::builder`].
+pub struct World {
+    /// Random, in every name the world makes.
+    pub id: String,
+    /// The settings of the world: its prefix, its schema, the base's broker.
+    pub settings: Settings,
+    /// The orders table of the world's schema.
+    pub store: Arc<PgOrderStore>,
+    schema: String,
+    /// The database without the world's `search_path`: drops the schema.
+    base_database: Settings,
+    /// The broker URL the world was built with (tests may change `settings`).
+    admin_url: SecretString,
+    /// An admin connection and channel, reopened after a broker restart.
+    link: Mutex<Option<(Connection, Channel)>>,
+    declared: Mutex<Vec<Topology>>,
+    removal_timeout: Duration,
+}
+
+impl std::fmt::Debug for World {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("World")
+            .field("prefix", &self.settings.topology.prefix)
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How to build a [`World`]; see the methods.
+#[derive(Debug)]
+pub struct WorldBuilder {
+    settings: Settings,
+    test_services: bool,
+    kind: String,
+    declare: bool,
+    removal_timeout: Duration,
+}
+
+impl World {
+    /// A test world on the test broker and database (see [`crate::services`]),
+    /// with a 6-level ladder declared and quick retries. Panics if it cannot be
+    /// built: the services are part of the test.
+    pub async fn new() -> Self {
+        Self::builder().build().await.expect("a test world")
+    }
+
+    /// A test world by default; [`WorldBuilder::settings`] bases it on any settings.
+    pub fn builder() -> WorldBuilder {
+        let mut settings = Settings::default();
+        settings.amqp.url = SecretString::from(services::amqp_url());
+        settings.amqp.reconnect_initial = Duration::from_millis(50);
+        settings.amqp.reconnect_max = Duration::from_millis(1000);
+        settings.topology.levels = TEST_LEVELS;
+        settings.consumer.retry_initial = Duration::from_millis(50);
+        settings.consumer.retry_max = Duration::from_millis(1000);
+        settings.consumer.drain_timeout = Duration::from_millis(3000);
+        settings.database.url = SecretString::from(services::database_url(None));
+        settings.http.listen = "127.0.0.1:0".into();
+        WorldBuilder {
+            settings,
+            test_services: true,
+            kind: "t".into(),
+            declare: true,
+            removal_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl WorldBuilder {
+    /// Bases the world on `settings` (a benchmark's) instead of the test
+    /// services: their broker and database, prefix and schema added.
+    pub fn settings(mut self, settings: Settings) -> Self {
+        self.settings = settings;
+        self.test_services = false;
+        self
+    }
+
+    /// The test vhost on another local broker: `port` instead of
+    /// `ORDER_EXPIRY_TEST_AMQP_PORT` (e.g. a RabbitMQ 4 node).
+    pub fn amqp_port(mut self, port: u16) -> Self {
+        self.settings.amqp.url = SecretString::from(services::amqp_url_on(port));
+        self
+    }
+
+    /// Another broker URL (another vhost, another user).
+    pub fn amqp_url(mut self, url: &str) -> Self {
+        self.settings.amqp.url = SecretString::from(url.to_owned());
+        self
+    }
+
+    /// Ladder levels.
+    pub fn levels(mut self, levels: u8) -> Self {
+        self.settings.topology.levels = levels;
+        self
+    }
+
+    /// Names start with `kind`: prefix `<kind>-<id>`, schema `<kind>_<id>`
+    /// (default `t`).
+    pub fn kind(mut self, kind: &str) -> Self {
+        self.kind = kind.to_owned();
+        self
+    }
+
+    /// Whether to declare the topology (default: yes). Without, only the schema.
+    pub fn declare(mut self, declare: bool) -> Self {
+        self.declare = declare;
+        self
+    }
+
+    /// Bound on each deletion at cleanup (default 10 s; a queue holding a
+    /// million messages takes longer).
+    pub fn removal_timeout(mut self, timeout: Duration) -> Self {
+        self.removal_timeout = timeout;
+        self
+    }
+
+    /// Creates the schema and the orders table, then declares the topology.
+    /// Nothing is left behind when it fails.
+    pub async fn build(self) -> anyhow::Result<World> {
+        order_expiry::init_tracing_for_tests();
+        if self.test_services {
+            services::ensure_test_vhost_and_database().await;
+        }
+        let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+        let schema = format!("{}_{id}", self.kind.replace('-', "_"));
+        let base_database = self.settings.clone();
+        let admin = PgOrderStore::new(&base_database)?;
+        admin
+            .client()
+            .await?
+            .batch_execute(&format!("CREATE SCHEMA {schema}"))
+            .await
+            .with_context(|| format!("creating schema {schema}"))?;
+        let mut world = World {
+            settings: self.settings.clone(),
+            store: Arc::new(PgOrderStore::new(&base_database)?),
+            schema,
+            base_database,
+            admin_url: self.settings.amqp.url.clone(),
+            link: Mutex::new(None),
+            declared: Mutex::new(Vec::new()),
+            removal_timeout: self.removal_timeout,
+            id,
+        };
+        world.settings.topology.prefix = format!("{}-{}", self.kind, world.id);
+        let url = with_search_path(self.settings.database.url.expose_secret(), &world.schema);
+        world.settings.database.url = SecretString::from(url);
+        if let Err(e) = world.populate(self.declare).await {
+            world.cleanup().await;
+            return Err(e);
+        }
+        Ok(world)
+    }
+}
+
+impl World {
+    async fn populate(&mut self, declare: bool) -> anyhow::Result<()> {
+        self.store = Arc::new(PgOrderStore::new(&self.settings)?);
+        self.store
+            .migrate()
+            .await
+            .context("creating the orders table")?;
+        if declare {
+            let settings = self.settings.clone();
+            self.declare(&settings).await?;
+        }
+        Ok(())
+    }
+
+    /// The world's PostgreSQL schema.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// The world's ladder.
+    pub fn ladder(&self) -> order_expiry::Ladder {
+        self.settings.ladder().expect("a valid ladder")
+    }
+
+    /// The publisher library, as the order service would build it.
+    pub fn scheduler(&self) -> Scheduler {
+        Scheduler::from_settings(&self.settings).expect("scheduler")
+    }
+
+    /// Declares the full topology of `settings` (another prefix of this world:
+    /// another queue type, a comparison design) and removes it at cleanup.
+    pub async fn declare(&self, settings: &Settings) -> anyhow::Result<()> {
+        let topology = Topology::declare(settings, "order-expiry test world").await?;
+        let mut declared = self.declared.lock().await;
+        if !declared.contains(&topology) {
+            declared.push(topology);
+        }
+        Ok(())
+    }
+
+    /// The admin channel (plain, no confirms), reopened after a broker
+    /// restart; waits up to a minute for a broker that is starting.
+    pub async fn channel(&self) -> Channel {
+        self.link_channel(BROKER_WAIT)
+            .await
+            .expect("broker unreachable")
+    }
+
+    /// The admin channel, (re)connecting for at most `wait`.
+    async fn link_channel(&self, wait: Duration) -> Option<Channel> {
+        let mut link = self.link.lock().await;
+        if let Some((connection, channel)) = link.as_ref()
+            && connection.status().connected()
+            && channel.status().connected()
+        {
+            return Some(channel.clone());
+        }
+        let connection = self.connect(wait).await?;
+        let channel = connection.create_channel().await.ok()?;
+        *link = Some((connection, channel.clone()));
+        Some(channel)
+    }
+
+    /// A channel of its own on the admin connection: closing it returns what it
+    /// fetched unacked.
+    pub async fn open_channel(&self) -> Channel {
+        let _ = self.channel().await;
+        let link = self.link.lock().await;
+        let (connection, _) = link.as_ref().expect("the admin link is open");
+        connection.create_channel().await.expect("a channel")
+    }
+
+    async fn connect(&self, wait: Duration) -> Option<Connection> {
+        let deadline = Instant::now() + wait;
+        let url = self.admin_url.expose_secret();
+        loop {
+            match Connection::connect(url, Default::default()).await {
+                Ok(connection) => return Some(connection),
+                Err(e) if Instant::now() >= deadline => {
+                    eprintln!("broker unreachable: {e}");
+                    return None;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+
+    /// Starts the real consumer in this process; its outcomes are observed.
+    pub fn start_consumer(&self) -> RunningConsumer {
+        RunningConsumer::start(&self.settings, Arc::clone(&self.store))
+    }
+
+    /// Inserts unpaid orders with their deadlines, in one statement.
+    pub async fn insert_orders(&self, orders: &[(String, DateTime<Utc>)]) -> anyhow::Result<()> {
+        let ids: Vec<&str> = orders.iter().map(|(id, _)| id.as_str()).collect();
+        let deadlines: Vec<DateTime<Utc>> = orders.iter().map(|(_, at)| *at).collect();
+        let insert = "INSERT INTO orders (id, pay_deadline) \
+                      SELECT * FROM unnest($1::text[], $2::timestamptz[])";
+        let client = self.store.client().await?;
+        client.execute(insert, &[&ids, &deadlines]).await?;
+        Ok(())
+    }
+
+    /// [`World::insert_orders`] for tests: panics when it fails.
+    pub async fn create_orders(&self, orders: &[(String, DateTime<Utc>)]) {
+        self.insert_orders(orders).await.expect("insert orders");
+    }
+
+    /// (status, pay_deadline, cancelled_at) of one order.
+    pub async fn order(&self, id: &str) -> (String, DateTime<Utc>, Option<DateTime<Utc>>) {
+        let row = self
+            .orders_where("id = $1", id)
+            .await
+            .remove(id)
+            .expect("the order exists");
+        (row.status, row.pay_deadline, row.cancelled_at)
+    }
+
+    /// Every order of the world, by id.
+    pub async fn orders(&self) -> Result<HashMap<String, OrderRow>, String> {
+        let client = self.store.client().await.map_err(|e| e.to_string())?;
+        let select = "SELECT id, status, pay_deadline, paid_at, cancelled_at FROM orders";
+        let rows = client.query(select, &[]).await.map_err(|e| e.to_string())?;
+        Ok(rows.iter().map(OrderRow::keyed).collect())
+    }
+
+    async fn orders_where(&self, filter: &str, value: &str) -> HashMap<String, OrderRow> {
+        let select = format!(
+            "SELECT id, status, pay_deadline, paid_at, cancelled_at FROM orders WHERE {filter}"
+        );
+        let client = self.store.client().await.expect("database");
+        let rows = client.query(&select, &[&value]).await.expect("orders");
+        rows.iter().map(OrderRow::keyed).collect()
+    }
+
+    /// Publishes a raw body straight into the due exchange, bypassing the
+    /// ladder, and waits for the broker's confirm.
+    pub async fn publish_due(&self, body: &[u8], properties: BasicProperties) {
+        let channel = self.open_channel().await;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .expect("confirms");
+        self.publish_on(&channel, body, properties).await;
+        let _ = channel.close(200, "published".into()).await;
+    }
+
+    /// Publishes messages, persistent, straight into the due exchange and waits
+    /// for every confirm.
+    pub async fn publish_messages(&self, messages: &[ExpiryMessage]) {
+        let channel = self.open_channel().await;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .expect("confirms");
+        let properties = BasicProperties::default()
+            .with_content_type(ExpiryMessage::CONTENT_TYPE.into())
+            .with_delivery_mode(2);
+        for message in messages {
+            self.publish_on(&channel, &message.encode(), properties.clone())
+                .await;
+        }
+        let _ = channel.close(200, "published".into()).await;
+    }
+
+    /// One message, as [`World::publish_messages`] does.
+    pub async fn publish_message(&self, message: &ExpiryMessage) {
+        self.publish_messages(std::slice::from_ref(message)).await
+    }
+
+    async fn publish_on(&self, channel: &Channel, body: &[u8], properties: BasicProperties) {
+        let options = BasicPublishOptions {
+            mandatory: true,
+            ..Default::default()
+        };
+        let exchange = self.ladder().due_exchange();
+        let confirm = channel
+            .basic_publish(
+                exchange.as_str().into(),
+                "raw".into(),
+                options,
+                body,
+                properties,
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("confirm");
+        assert_eq!(
+            confirm,
+            Confirmation::Ack(None),
+            "the broker took the message"
+        );
+    }
+
+    /// Ready (not unacked) messages in a queue.
+    pub async fn depth(&self, queue: &str) -> u32 {
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        self.channel()
+            .await
+            .queue_declare(queue.into(), passive, FieldTable::default())
+            .await
+            .expect("queue exists")
+            .message_count()
+    }
+
+    /// Takes one message from a queue (acking it), if any.
+    pub async fn get(&self, queue: &str) -> Option<lapin::message::BasicGetMessage> {
+        self.channel()
+            .await
+            .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+            .await
+            .expect("basic.get")
+    }
+
+    /// Deletes the world's queues, exchanges and schema, best effort.
+    pub async fn cleanup(self) {
+        if let Some(channel) = self.link_channel(Duration::ZERO).await {
+            for topology in self.declared.lock().await.iter() {
+                topology.remove(&channel, self.removal_timeout).await;
+            }
+        }
+        if let Some((connection, _)) = self.link.lock().await.take() {
+            let _ = connection.close(200, "done".into()).await;
+        }
+        if let Ok(admin) = PgOrderStore::new(&self.base_database)
+            && let Ok(client) = admin.client().await
+        {
+            let drop = format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema);
+            let _ = client.batch_execute(&drop).await;
+        }
+    }
+}
+
+/// One row of the orders table.
+#[derive(Debug, Clone)]
+pub struct OrderRow {
+    /// `unpaid`, `paid` or `cancelled`.
+    pub status: String,
+    /// When it is due.
+    pub pay_deadline: DateTime<Utc>,
+    /// When it was paid.
+    pub paid_at: Option<DateTime<Utc>>,
+    /// When it was cancelled.
+    pub cancelled_at: Option<DateTime<Utc>>,
+}
+
+impl OrderRow {
+    fn keyed(row: &tokio_postgres::Row) -> (String, Self) {
+        let order = Self {
+            status: row.get(1),
+            pay_deadline: row.get(2),
+            paid_at: row.get(3),
+            cancelled_at: row.get(4),
+        };
+        (row.get(0), order)
+    }
+}
