@@ -7,6 +7,7 @@ mod cli;
 mod definitions;
 mod delivery;
 mod dependencies;
+mod deploy_users;
 mod docs;
 mod http;
 mod payments;

@@ -1,0 +1,20 @@
+"""Offline checks of the deployment artifacts, one module per artifact.
+
+Run them through scripts/check-deploy, which provides the pinned tools
+(check-jsonschema, kubernetes-validate, PyYAML, docker) in target/deploy-venv.
+Nothing here touches the network or Docker.
+
+- common: loading, small parsers, the check registry.
+- compose: docker-compose.yml.
+- rabbitmq: rabbitmq.conf, enabled_plugins, definitions.json, users files.
+- dockerfile: deploy/Dockerfile and .dockerignore.
+- kubernetes: deploy/kubernetes/*.
+- grafana: the dashboard's structure and the broker metrics it queries.
+
+What compares the artifacts with the Rust code lives in Rust tests instead:
+the README's metrics catalog and the dashboard's order_expiry_* queries
+(src/telemetry/catalog.rs), deploy/postgres/init.sql
+(src/service/orders/postgres.rs), the README (tests/integration/docs.rs), and
+the password hashes of the users files, verified by the real broker
+(tests/integration/deploy_users.rs).
+"""

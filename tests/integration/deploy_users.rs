@@ -1,0 +1,84 @@
+//! The compose broker's users file (`deploy/rabbitmq/20-dev-users.json`) gives
+//! each user the password its documented URL uses. Only the broker knows its
+//! hashing, so the real one says: the users are imported under fresh names and
+//! `rabbitmqctl authenticate_user` tries each URL's password. (The offline
+//! `scripts/check-deploy` checks the file's shape and the import order.)
+
+use std::collections::HashMap;
+
+use order_expiry_testkit::rabbitmqctl;
+use serde_json::Value;
+
+fn repo_file(path: &str) -> String {
+    let full = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
+}
+
+/// user → password of every `amqp://user:password@` URL in `text`.
+fn url_passwords(text: &str) -> HashMap<String, String> {
+    text.split("amqp://")
+        .skip(1)
+        .filter_map(|rest| {
+            let userinfo = rest.split('@').next()?;
+            let (user, password) = userinfo.split_once(':')?;
+            let plain = |s: &str| {
+                s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            };
+            (plain(user) && plain(password)).then(|| (user.to_owned(), password.to_owned()))
+        })
+        .collect()
+}
+
+/// Imported users, deleted again on drop (also when the test fails).
+struct Users(Vec<String>);
+
+impl Drop for Users {
+    fn drop(&mut self) {
+        for user in &self.0 {
+            let _ = std::process::Command::new("rabbitmqctl")
+                .args(["-q", "delete_user", user])
+                .output();
+        }
+    }
+}
+
+#[test]
+fn the_dev_users_file_holds_the_documented_passwords() {
+    let mut passwords = url_passwords(&repo_file("docker-compose.yml"));
+    passwords.extend(url_passwords(&repo_file("deploy/README.md")));
+    let file: Value =
+        serde_json::from_str(&repo_file("deploy/rabbitmq/20-dev-users.json")).unwrap();
+    let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let mut users = file["users"].as_array().unwrap().clone();
+    for user in &mut users {
+        let name = user["name"].as_str().unwrap();
+        user["name"] = format!("{name}-{suffix}").into();
+    }
+    let imported = Users(
+        users
+            .iter()
+            .map(|u| u["name"].as_str().unwrap().to_owned())
+            .collect(),
+    );
+    let path = std::env::temp_dir().join(format!("order-expiry-users-{suffix}.json"));
+    std::fs::write(&path, serde_json::json!({ "users": users }).to_string()).unwrap();
+    rabbitmqctl(&["-q", "import_definitions", path.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&path);
+
+    for name in &imported.0 {
+        let documented = name.strip_suffix(&format!("-{suffix}")).unwrap();
+        let password = passwords.get(documented).unwrap_or_else(|| {
+            panic!("no URL in docker-compose.yml or deploy/README.md uses {documented}")
+        });
+        let out = std::process::Command::new("rabbitmqctl")
+            .args(["-q", "authenticate_user", name, password])
+            .output()
+            .expect("rabbitmqctl runs");
+        assert!(
+            out.status.success(),
+            "{documented}: the broker refuses the documented password: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
