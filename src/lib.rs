@@ -14,6 +14,17 @@
 //!   [`Topology`] and its [`definitions_json`] export, and [`Settings`], without
 //!   axum, PostgreSQL, clap or the Prometheus exporter.
 //!
+//! # What to use
+//!
+//! - Publishing: [`Scheduler`] (from [`Settings`] or a URL and a [`Ladder`]),
+//!   its [`ScheduleError`] and [`Scheduled`]; [`OrderId`] and [`ExpiryMessage`].
+//! - The broker's topology: [`Topology::describe`] / [`Topology::declare`] and
+//!   [`definitions_json`], for `topology apply` and `export` done in code.
+//! - Running the consumer service: [`Service::build`] and [`Service::run`] with
+//!   [`shutdown_on_signal`]; or its parts, [`Consumer`] with an [`OrderStore`]
+//!   such as [`PgOrderStore`], and [`Sweeper`]. [`on_arrival`] and
+//!   [`cancel_batch`] are its pure decision and its unit of work, for tests.
+//!
 //! # Layout
 //!
 //! - `publisher`: [`Scheduler`], [`ScheduleError`], the v1 [`ExpiryMessage`], [`OrderId`].

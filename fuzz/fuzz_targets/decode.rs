@@ -3,7 +3,7 @@
 //!
 //! - it never panics;
 //! - what it accepts fits the limit and carries a contract-valid order id;
-//! - what it accepts survives the publisher's path: `ExpiryMessage::new` then
+//! - what it accepts survives the publisher's path: `OrderId::new`, `ExpiryMessage::new`, then
 //!   `encode` then `decode` gives the same order and the due time rounded up to
 //!   the millisecond (never earlier, at most 1 ms later);
 //! - what it refuses has a reason for `x-parked-reason` that is short enough for
@@ -13,8 +13,9 @@
 
 use chrono::TimeDelta;
 use libfuzzer_sys::fuzz_target;
-use order_expiry::ExpiryMessage;
-use order_expiry::message::{CONTENT_TYPE, validate_order_id};
+use order_expiry::{ExpiryMessage, OrderId};
+
+const CONTENT_TYPE: &str = ExpiryMessage::CONTENT_TYPE;
 
 const CONTENT_TYPES: [Option<&str>; 6] = [
     None,
@@ -34,9 +35,9 @@ fuzz_target!(|data: &[u8]| {
     match ExpiryMessage::decode(body, content_type, max) {
         Ok(message) => {
             assert!(!body.is_empty() && body.len() <= max);
-            assert!(validate_order_id(&message.order_id).is_ok());
-            let again = ExpiryMessage::new(message.order_id.clone(), message.due_at)
-                .expect("a decoded order id is valid for new()");
+            let order_id = OrderId::new(message.order_id.as_str())
+                .expect("a decoded order id is valid for the publisher");
+            let again = ExpiryMessage::new(order_id, message.due_at);
             // In order, not by subtraction: chrono's arithmetic across a leap second
             // (`23:59:60.9999`, which rounds up to `00:00:00.000`) is not real time.
             assert!(message.due_at <= again.due_at);

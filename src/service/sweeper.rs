@@ -42,9 +42,9 @@ impl<S: OrderStore> Sweeper<S> {
         }
     }
 
-    /// One sweep: cancels batches until one comes back short (or
-    /// [`MAX_BATCHES_PER_SWEEP`] ran) and returns the ids it cancelled. Each
-    /// batch commits on its own.
+    /// One sweep: cancels batches until one comes back short (or 100 ran: one
+    /// sweep never runs for ever on a huge backlog) and returns the ids it
+    /// cancelled. Each batch commits on its own.
     pub async fn sweep_once(&self) -> Result<Vec<String>, StoreError> {
         let limit = self.settings.batch_max.max(1);
         let mut swept = Vec::new();

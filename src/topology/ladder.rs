@@ -32,7 +32,7 @@ pub struct DelayTooLong {
 /// A ladder configuration that cannot exist.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum LadderError {
-    /// Zero levels could hold nothing; more than [`MAX_LEVELS`] overflows the TTLs
+    /// Zero levels could hold nothing; more than 32 overflows the TTLs
     /// RabbitMQ accepts.
     #[error("a ladder needs between 1 and {MAX_LEVELS} levels, not {0}")]
     Levels(u8),

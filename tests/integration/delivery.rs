@@ -99,7 +99,7 @@ async fn killing_the_consumer_while_it_holds_a_message_loses_nothing() {
     let (_, due_at, _) = env.order("kill-1").await;
     let binary = std::path::Path::new(env!("CARGO_BIN_EXE_order-expiry"));
     let log = std::env::temp_dir().join(format!("order-expiry-kill-{}.log", env.id));
-    let mut served = Served::start(binary, &env.settings, &[], log).await;
+    let mut served = Served::start(binary, &env.settings, &[], log.clone()).await;
     env.publish_message(&message("kill-1", due_at)).await;
     // Wait until the child has taken it (no longer ready in the queue), then kill -9.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -115,6 +115,8 @@ async fn killing_the_consumer_while_it_holds_a_message_loses_nothing() {
         .wait_exit(Duration::from_secs(5))
         .await
         .expect("killed");
+    drop(served);
+    let _ = std::fs::remove_file(&log);
     assert_eq!(
         env.order("kill-1").await.0,
         "unpaid",

@@ -3,19 +3,11 @@
 use std::time::Duration;
 
 use order_expiry::Service;
-use order_expiry_testkit::World;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use order_expiry_testkit::{World, http_get};
 use tokio_util::sync::CancellationToken;
 
 async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let status = response[9..12].parse().unwrap();
-    let body = response.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
-    (status, body)
+    http_get(addr, path).await.expect("the endpoint answers")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

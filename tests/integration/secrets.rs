@@ -7,8 +7,8 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use order_expiry_testkit::{World, amqp_port, database, free_port, rabbitmqctl, vhost};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use order_expiry_testkit::{World, amqp_port, database, free_port, http_get, rabbitmqctl, vhost};
+use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
 
 /// A password no output could contain by accident; `%21` is `!` once decoded,
@@ -69,18 +69,7 @@ async fn output(mut cmd: Command) -> (bool, String) {
 }
 
 async fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.ok()?;
-    let status = response.get(9..12)?.parse().ok()?;
-    Some((
-        status,
-        response.split("\r\n\r\n").nth(1).unwrap_or("").to_owned(),
-    ))
+    http_get(std::net::SocketAddr::from(([127, 0, 0, 1], port)), path).await
 }
 
 /// Polls `path` until `done` accepts the answer; everything seen is returned.

@@ -170,8 +170,7 @@ fn progress(what: &str, t: &phases::Timed, n: usize) {
 type Measured = (Vec<Row>, serde_json::Value);
 
 async fn measure(world: &World, args: &ThroughputArgs) -> anyhow::Result<Measured> {
-    let (n, delay, wrap) = (args.orders, args.delay, args.wrap.as_deref());
-    let delay_secs = delay.as_secs_f64().floor();
+    let wrap = args.wrap.as_deref();
     let mut rows = Vec::new();
     let mut details = serde_json::Map::new();
     let types: Vec<(Holding, Settings)> = args
@@ -185,64 +184,7 @@ async fn measure(world: &World, args: &ThroughputArgs) -> anyhow::Result<Measure
     let has = |p: Phase| args.phases.contains(&p);
     for (holding, s) in &types {
         let name = format!("{holding:?}").to_lowercase();
-        let (mut e2e_bare, mut e2e_ours, mut pub_bare, mut pub_ours) =
-            (vec![], vec![], vec![], vec![]);
-        let mut raw = Vec::new();
-        for round in 0..args.rounds {
-            eprintln!("[{name}] round {}/{}", round + 1, args.rounds);
-            let ours_first = round % 2 == 1;
-            if has(Phase::EndToEnd) {
-                let tag = format!("e{round}");
-                let (b, o) = if ours_first {
-                    let o = phases::end_to_end(world, s, &tag, n, delay, args.spread_due).await?;
-                    (phases::bare_end_to_end(s, n, delay).await?, o)
-                } else {
-                    let b = phases::bare_end_to_end(s, n, delay).await?;
-                    (
-                        b,
-                        phases::end_to_end(world, s, &tag, n, delay, args.spread_due).await?,
-                    )
-                };
-                progress("end to end, bare lapin", &b, n);
-                progress("end to end, order-expiry", &o, n);
-                e2e_bare.push(b.steady_rate(n));
-                e2e_ours.push(o.steady_rate(n));
-                raw.push(json!({"round": round, "e2e_bare": b.to_json(), "e2e_ours": o.to_json()}));
-            }
-            if has(Phase::Publish) {
-                let b = phases::bare_publish(s, n).await?;
-                world.purge(s).await?;
-                let o = phases::schedule_many(s, n).await?;
-                world.purge(s).await?;
-                progress("publish, bare lapin", &b, n);
-                progress("publish, schedule_many", &o, n);
-                pub_bare.push(n as f64 / b.secs);
-                pub_ours.push(n as f64 / o.secs);
-                raw.push(json!({"round": round, "publish_bare": b.to_json(), "publish_ours": o.to_json()}));
-            }
-        }
-        if has(Phase::EndToEnd) {
-            rows.push(Row {
-                figure: format!("end to end, {name} holding queues"),
-                unit: "orders/s",
-                baseline: e2e_bare,
-                ours: e2e_ours,
-                target: Target::RatioAtLeast(0.8),
-                note: format!(
-                    "(N - 1) / (first → last cancel committed); {delay_secs} s through the ladder, then held until due"
-                ),
-            });
-        }
-        if has(Phase::Publish) {
-            rows.push(Row {
-                figure: format!("schedule_many, {name} holding queues"),
-                unit: "orders/s",
-                baseline: pub_bare,
-                ours: pub_ours,
-                target: Target::RatioAtLeast(0.8),
-                note: "publish with confirms, same window, delays of 1-3 h".into(),
-            });
-        }
+        let raw = compare(world, &name, s, args, &mut rows).await?;
         details.insert(name, json!(raw));
     }
     if has(Phase::Drain)
@@ -259,6 +201,77 @@ async fn measure(world: &World, args: &ThroughputArgs) -> anyhow::Result<Measure
         }
     }
     Ok((rows, json!(details)))
+}
+
+/// The end-to-end and publish comparisons for one holding-queue type: each
+/// round measures baseline and order-expiry back to back, alternating which
+/// goes first. Adds their rows; returns every round's raw figures.
+async fn compare(
+    world: &World,
+    name: &str,
+    s: &Settings,
+    args: &ThroughputArgs,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<Vec<serde_json::Value>> {
+    let (n, delay) = (args.orders, args.delay);
+    let has = |p: Phase| args.phases.contains(&p);
+    let (mut e2e_bare, mut e2e_ours, mut pub_bare, mut pub_ours) = (vec![], vec![], vec![], vec![]);
+    let mut raw = Vec::new();
+    for round in 0..args.rounds {
+        eprintln!("[{name}] round {}/{}", round + 1, args.rounds);
+        if has(Phase::EndToEnd) {
+            let tag = format!("e{round}");
+            let ours = phases::end_to_end(world, s, &tag, n, delay, args.spread_due);
+            let (b, o) = if round % 2 == 1 {
+                let o = ours.await?;
+                (phases::bare_end_to_end(s, n, delay).await?, o)
+            } else {
+                (phases::bare_end_to_end(s, n, delay).await?, ours.await?)
+            };
+            progress("end to end, bare lapin", &b, n);
+            progress("end to end, order-expiry", &o, n);
+            e2e_bare.push(b.steady_rate(n));
+            e2e_ours.push(o.steady_rate(n));
+            raw.push(json!({"round": round, "e2e_bare": b.to_json(), "e2e_ours": o.to_json()}));
+        }
+        if has(Phase::Publish) {
+            let b = phases::bare_publish(s, n).await?;
+            world.purge(s).await?;
+            let o = phases::schedule_many(s, n).await?;
+            world.purge(s).await?;
+            progress("publish, bare lapin", &b, n);
+            progress("publish, schedule_many", &o, n);
+            pub_bare.push(n as f64 / b.secs);
+            pub_ours.push(n as f64 / o.secs);
+            raw.push(
+                json!({"round": round, "publish_bare": b.to_json(), "publish_ours": o.to_json()}),
+            );
+        }
+    }
+    if has(Phase::EndToEnd) {
+        let delay_secs = delay.as_secs_f64().floor();
+        rows.push(Row {
+            figure: format!("end to end, {name} holding queues"),
+            unit: "orders/s",
+            baseline: e2e_bare,
+            ours: e2e_ours,
+            target: Target::RatioAtLeast(0.8),
+            note: format!(
+                "(N - 1) / (first → last cancel committed); {delay_secs} s through the ladder, then held until due"
+            ),
+        });
+    }
+    if has(Phase::Publish) {
+        rows.push(Row {
+            figure: format!("schedule_many, {name} holding queues"),
+            unit: "orders/s",
+            baseline: pub_bare,
+            ours: pub_ours,
+            target: Target::RatioAtLeast(0.8),
+            note: "publish with confirms, same window, delays of 1-3 h".into(),
+        });
+    }
+    Ok(raw)
 }
 
 async fn drain(
