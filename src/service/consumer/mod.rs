@@ -7,6 +7,7 @@
 //! - [`work`]: the unit of work, [`cancel_batch`], and what finished work reports.
 //! - [`park`]: copying an unprocessable message to `P.parked`, confirmed, then acking it.
 //! - [`session`]: one connection's state and its per-event methods.
+//! - [`finished`]: what finished work does: acks, or a retry after a backoff.
 //! - [`drain`]: the end of a session: drain, ack, release, close.
 //!
 //! A session is one broker connection. [`Consumer::run`] runs sessions until
@@ -15,6 +16,7 @@
 mod acks;
 mod arrival;
 mod drain;
+mod finished;
 mod park;
 mod session;
 mod work;

@@ -3,7 +3,8 @@
 //! [`Session`] owns everything a session knows (held deliveries, the ack
 //! tracker, the ready queue, work in flight, failed work and its retry timer)
 //! and has one method per event; [`Session::serve`]'s `select!` only picks the
-//! next event. The shutdown path (drain, release, close) is in `drain.rs`.
+//! next event. What finished work does (acks, retries) is in `finished.rs`, the
+//! shutdown path (drain, release, close) in `drain.rs`.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -13,14 +14,14 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions};
+use lapin::options::{BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use thiserror::Error;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::time::DelayQueue;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use super::acks::{AckTracker, State};
 use super::arrival::{Arrival, on_arrival};
@@ -31,7 +32,7 @@ use crate::amqp::{self, BrokerError, ConnectError, TlsFiles};
 use crate::service::CONSUMER;
 use crate::service::backoff::Backoff;
 use crate::service::orders::OrderStore;
-use crate::telemetry::{HELD_TOTAL, RETRIES_TOTAL};
+use crate::telemetry::HELD_TOTAL;
 use crate::topology::Topology;
 
 /// Why a session ended.
@@ -79,8 +80,8 @@ pub(super) struct Session<'a, S> {
     /// Failed work, kept until `retry_at`.
     pub(super) failed: Vec<Failed>,
     /// While set, failed work waits and no deliveries are taken.
-    retry_at: Option<Instant>,
-    retry_backoff: Backoff,
+    pub(super) retry_at: Option<Instant>,
+    pub(super) retry_backoff: Backoff,
     /// Whether any work succeeded: the connection is good.
     pub(super) worked: bool,
     pub(super) started: Instant,
@@ -240,104 +241,6 @@ impl<'a, S: OrderStore> Session<'a, S> {
             }
             _ => self.ready.push_back(pending),
         }
-    }
-
-    /// Work finished: record it in the ack tracker, send the acks that allows,
-    /// and schedule a retry if it failed.
-    async fn on_finished(&mut self, done: Done) -> Result<(), SessionError> {
-        match self.record(done)? {
-            None => {
-                self.worked = true;
-                self.retry_backoff.reset();
-            }
-            Some(failed) => self.on_failed(failed),
-        }
-        // What finished behind a failed batch need not wait for its retry.
-        self.send_acks(false).await
-    }
-
-    /// Applies finished work to the ack tracker; returns the work that failed.
-    pub(super) fn record(&mut self, done: Done) -> Result<Option<Failed>, SessionError> {
-        match done {
-            Done::Parked(tag) => self.acks.forget(tag),
-            Done::Cancelled(handled) => {
-                for (tag, handled) in handled {
-                    self.acks.set(tag, State::Done, handled);
-                }
-            }
-            Done::Failed(failed) => return Ok(Some(failed)),
-            Done::BrokerFailed(error) => return Err(error),
-        }
-        Ok(None)
-    }
-
-    /// Keeps failed work (its deliveries unacked) for a retry after a backoff.
-    fn on_failed(&mut self, failed: Failed) {
-        match &failed {
-            Failed::Store { batch, error } => {
-                warn!(target: CONSUMER, error = %error, orders = batch.len(), "database failed; will retry");
-                for p in batch {
-                    self.acks.set(p.tag(), State::Waiting, None);
-                }
-            }
-            Failed::Park { error, .. } => {
-                warn!(target: CONSUMER, error = %error, "parking failed; will retry")
-            }
-        }
-        metrics::counter!(RETRIES_TOTAL.name).increment(1);
-        self.failed.push(failed);
-        if self.retry_at.is_none() {
-            self.retry_at = Some(Instant::now() + self.retry_backoff.next_delay());
-        }
-    }
-
-    /// The retry timer fired: failed batches go back to the front of the ready
-    /// queue, failed parks run again.
-    fn on_retry_due(&mut self) {
-        self.retry_at = None;
-        for failed in std::mem::take(&mut self.failed) {
-            match failed {
-                Failed::Store { batch, .. } => {
-                    for p in batch.into_iter().rev() {
-                        self.ready.push_front(p);
-                    }
-                }
-                Failed::Park {
-                    delivery, reason, ..
-                } => {
-                    self.in_flight.push(self.parking.park(*delivery, reason));
-                }
-            }
-        }
-    }
-
-    /// Sends the acks the tracker allows now (one `multiple` ack for the
-    /// finished front of the window, single ones behind a held delivery; with
-    /// `all`, every finished one), then tells the observer about each.
-    pub(super) async fn send_acks(&mut self, all: bool) -> Result<(), SessionError> {
-        let acks = self.acks.take(all);
-        let channel = &self.channel;
-        let sending = async {
-            if let Some(tag) = acks.multiple_upto {
-                channel
-                    .basic_ack(tag, BasicAckOptions { multiple: true })
-                    .await?;
-            }
-            let singles = acks
-                .single
-                .iter()
-                .map(|tag| channel.basic_ack(*tag, BasicAckOptions::default()));
-            futures::future::try_join_all(singles).await.map(drop)
-        };
-        amqp::bounded("basic.ack", self.consumer.amqp.timeout, sending).await?;
-        if let Some(observer) = &self.consumer.observer {
-            let at = Utc::now();
-            for mut handled in acks.payloads {
-                handled.at = at;
-                let _ = observer.send(handled);
-            }
-        }
-        Ok(())
     }
 
     /// How long this session has been consuming.
