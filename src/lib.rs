@@ -55,13 +55,14 @@ pub use crate::publisher::{
 };
 #[cfg(feature = "service")]
 pub use crate::service::{
-    Arrival, Consumer, ConsumerError, Disposition, Handled, OrderStore, Outcome, PgOrderStore,
-    Readiness, Service, ServiceError, StoreError, Sweeper, cancel_batch, on_arrival,
-    shutdown_on_signal,
+    Arrival, Consumer, ConsumerError, Disposition, FailureClass, Handled, OrderStore, Outcome,
+    PgOrderStore, Readiness, Service, ServiceError, StoreError, Sweeper, cancel_batch, classify,
+    on_arrival, shutdown_on_signal,
 };
 pub use crate::settings::{
-    AmqpSettings, ConsumerSettings, DatabaseSettings, ENV_PREFIX, HttpSettings, LogFormat,
-    LogSettings, PublisherSettings, QueueType, Settings, SweeperSettings, TopologySettings,
+    AmqpSettings, ConsumerSettings, DatabaseSettings, ENV_PREFIX, HttpSettings, InvalidSetting,
+    LogFormat, LogSettings, PublisherSettings, QueueType, Settings, SweeperSettings,
+    TopologySettings,
 };
 #[cfg(feature = "service")]
 pub use crate::telemetry::{init_tracing, init_tracing_for_tests};

@@ -7,6 +7,7 @@ use thiserror::Error;
 
 use super::order_id::InvalidOrderId;
 use crate::amqp::{BrokerError, ConnectError};
+use crate::settings::InvalidSetting;
 use crate::topology::{DelayTooLong, LadderError};
 
 /// Why a schedule call did not end with a message durable in the broker.
@@ -21,6 +22,9 @@ pub enum ScheduleError {
     /// The ladder description cannot be built from the settings.
     #[error("invalid topology settings: {0}")]
     Topology(#[from] LadderError),
+    /// A publisher setting cannot work (named, with the reason).
+    #[error(transparent)]
+    Settings(#[from] InvalidSetting),
     /// The broker negatively acknowledged the message (e.g. a full queue with
     /// `reject-publish`): it does not hold it.
     #[error("broker refused the message for order {order_id:?} (nack)")]
@@ -59,7 +63,7 @@ impl ScheduleError {
         match self {
             Self::InvalidOrderId(_) => "invalid_order_id",
             Self::DelayTooLong(_) => "delay_too_long",
-            Self::Topology(_) => "topology",
+            Self::Topology(_) | Self::Settings(_) => "topology",
             Self::Nacked { .. } => "nacked",
             Self::Unroutable { .. } => "unroutable",
             Self::Timeout(_) => "timeout",

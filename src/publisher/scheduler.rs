@@ -84,6 +84,7 @@ impl Scheduler {
     /// A scheduler for the broker, ladder and publisher settings of `settings`.
     /// Connects on first use.
     pub fn from_settings(settings: &Settings) -> Result<Self, ScheduleError> {
+        settings.validate_publisher()?;
         Ok(Self::with_publisher_settings(
             settings.amqp.url.clone(),
             settings.ladder()?,

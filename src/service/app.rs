@@ -14,12 +14,15 @@ use super::consumer::{Consumer, ConsumerError};
 use super::http::{self, DbCheck, Readiness};
 use super::orders::{OrderStore, PgOrderStore, StoreError};
 use super::sweeper::Sweeper;
-use crate::settings::Settings;
+use crate::settings::{InvalidSetting, Settings};
 use crate::telemetry::metrics_handle;
 
 /// The service could not be built.
 #[derive(Debug, Error)]
 pub enum ServiceError {
+    /// A setting cannot work: named, with the reason, in one line.
+    #[error(transparent)]
+    Settings(#[from] InvalidSetting),
     /// Database settings are invalid.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -49,9 +52,11 @@ pub struct Service {
 }
 
 impl Service {
-    /// Builds the store, consumer and HTTP listener from `settings`. Port 0 in
+    /// Validates `settings` ([`Settings::validate`]), then builds the store,
+    /// consumer and HTTP listener from them. Port 0 in
     /// `http.listen` picks a free port; [`Service::http_addr`] tells which.
     pub async fn build(settings: &Settings) -> Result<Self, ServiceError> {
+        settings.validate()?;
         let store = Arc::new(PgOrderStore::new(settings)?);
         let readiness = Arc::new(Readiness::default());
         let consumer = Consumer::new(settings, Arc::clone(&store), Arc::clone(&readiness))?;

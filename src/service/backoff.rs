@@ -26,6 +26,13 @@ impl Backoff {
         delay
     }
 
+    /// The delay before attempt `n + 1` of something retried on its own:
+    /// `initial * 2^n`, never above `max`. Pure.
+    pub(crate) fn nth(initial: Duration, max: Duration, n: u32) -> Duration {
+        let factor = 1u32.checked_shl(n.min(31)).unwrap_or(u32::MAX);
+        initial.saturating_mul(factor).min(max)
+    }
+
     /// Back to the initial delay after a success.
     pub(crate) fn reset(&mut self) {
         self.next = self.initial;
@@ -43,5 +50,15 @@ mod tests {
         assert_eq!(got, [100, 200, 350, 350]);
         b.reset();
         assert_eq!(b.next_delay(), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn the_nth_delay_doubles_to_the_same_ceiling() {
+        let (initial, max) = (Duration::from_millis(100), Duration::from_millis(350));
+        let got: Vec<u128> = (0..4)
+            .map(|n| Backoff::nth(initial, max, n).as_millis())
+            .collect();
+        assert_eq!(got, [100, 200, 350, 350]);
+        assert_eq!(Backoff::nth(initial, max, u32::MAX), max);
     }
 }

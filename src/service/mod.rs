@@ -29,6 +29,6 @@ pub use self::consumer::{
     Arrival, Consumer, ConsumerError, Handled, Outcome, cancel_batch, on_arrival,
 };
 pub use self::http::Readiness;
-pub use self::orders::{Disposition, OrderStore, PgOrderStore, StoreError};
+pub use self::orders::{Disposition, FailureClass, OrderStore, PgOrderStore, StoreError, classify};
 pub use self::shutdown::shutdown_on_signal;
 pub use self::sweeper::Sweeper;

@@ -9,6 +9,7 @@
 
 mod millis;
 mod redact;
+mod validate;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -18,6 +19,7 @@ use secrecy::SecretString;
 use serde::Deserialize;
 
 pub(crate) use self::redact::{redact_url, scrub_url};
+pub use self::validate::InvalidSetting;
 use crate::topology::{Ladder, LadderError};
 
 /// The defaults, compiled in so the binary runs with no file at all.
@@ -157,6 +159,14 @@ pub struct DatabaseSettings {
     /// Statement timeout, set on every connection (`statement_timeout_ms`).
     #[serde(rename = "statement_timeout_ms", with = "millis")]
     pub statement_timeout: Duration,
+    /// Longest wait for a row lock, set on every connection (`lock_timeout_ms`):
+    /// a cancel statement that would wait longer fails with SQLSTATE 55P03.
+    #[serde(rename = "lock_timeout_ms", with = "millis")]
+    pub lock_timeout: Duration,
+    /// Client-side bound on every prepare and query (`query_timeout_ms`): a
+    /// silent server never sends its statement timeout. Above `statement_timeout`.
+    #[serde(rename = "query_timeout_ms", with = "millis")]
+    pub query_timeout: Duration,
     /// Bound on opening (and recycling) one connection (`connect_timeout_ms`).
     #[serde(rename = "connect_timeout_ms", with = "millis")]
     pub connect_timeout: Duration,
@@ -165,7 +175,8 @@ pub struct DatabaseSettings {
     pub acquire_timeout: Duration,
     /// Atomic cancel of every unpaid order in `$1`, returning the cancelled ids.
     pub cancel_sql: String,
-    /// Which ids of `$1` exist.
+    /// Which ids of `$1` exist and, in an optional second column, whether each
+    /// is still unpaid (tells a locked order from a paid one).
     pub exists_sql: String,
 }
 

@@ -83,6 +83,14 @@ pub(crate) const RECONNECTS_TOTAL: Metric = metric(
     Kind::Counter,
     "Consumer sessions that ended on a broker fault and were restarted.",
 );
+pub(crate) const REPAIRS_TOTAL: Metric = Metric {
+    labels: &["what"],
+    ..metric(
+        "order_expiry_repairs_total",
+        Kind::Counter,
+        "Re-declarations of the consumer's queues after one went missing, by what: due (the broker ended the consumer), parked (a park was unroutable).",
+    )
+};
 pub(crate) const CONSUMING: Metric = metric(
     "order_expiry_consuming",
     Kind::Gauge,
@@ -116,6 +124,7 @@ pub(crate) const CATALOG: &[Metric] = &[
     PARKED_TOTAL,
     RETRIES_TOTAL,
     RECONNECTS_TOTAL,
+    REPAIRS_TOTAL,
     CONSUMING,
     SWEPT_TOTAL,
     SWEEP_ERRORS_TOTAL,

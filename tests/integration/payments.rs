@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use order_expiry::{Outcome, Scheduler, cancel_batch};
+use order_expiry::{Disposition, Outcome, Scheduler, cancel_batch};
 use order_expiry_testkit::{World, at_ms, message};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -60,8 +60,8 @@ async fn the_same_message_twice_changes_nothing_the_second_time() {
     let first = cancel_batch(env.store.as_ref(), &[&dup_1]).await.unwrap();
     let cancelled_at = env.order("dup-1").await.2;
     let second = cancel_batch(env.store.as_ref(), &[&dup_1]).await.unwrap();
-    assert_eq!(first, [Outcome::Cancelled]);
-    assert_eq!(second, [Outcome::NotUnpaid]);
+    assert_eq!(first, [Disposition::Cancelled]);
+    assert_eq!(second, [Disposition::NotUnpaid]);
     assert_eq!(env.order("dup-1").await.2, cancelled_at);
 
     // And end to end: the broker delivers it twice (and once more in one batch).

@@ -7,7 +7,6 @@ use lapin::options::BasicCancelOptions;
 use tracing::{info, warn};
 
 use super::session::Session;
-use super::work::Failed;
 use crate::amqp;
 use crate::service::CONSUMER;
 use crate::service::orders::OrderStore;
@@ -34,11 +33,12 @@ impl<S: OrderStore> Session<'_, S> {
     /// Waits for work in flight (bounded), then acks every finished delivery.
     async fn drain(&mut self) {
         let drain = self.consumer.settings.drain_timeout;
+        let mut failed = 0;
         let finishing = async {
             while let Some(done) = futures::StreamExt::next(&mut self.in_flight).await {
                 // A broker failure now only means those deliveries come back.
-                if let Ok(Some(failed)) = self.record(done) {
-                    self.failed.push(failed);
+                if let Ok(Some(f)) = self.record(done) {
+                    failed += f.deliveries();
                 }
             }
         };
@@ -48,8 +48,8 @@ impl<S: OrderStore> Session<'_, S> {
         if let Err(error) = self.send_acks(true).await {
             warn!(target: CONSUMER, %error, "acks at shutdown failed; those deliveries come back");
         }
-        let failed: usize = self.failed.iter().map(Failed::deliveries).sum();
-        let released = self.ready.len() + self.held.len() + failed;
+        let waiting: usize = self.failed.iter().chain(&self.split).map(Vec::len).sum();
+        let released = self.ready.len() + self.held.len() + self.retrying.len() + waiting + failed;
         info!(target: CONSUMER, released, "drained");
     }
 }

@@ -1,43 +1,65 @@
-//! What finished work does to a session: a batch or park that went through
-//! marks its deliveries done, and the ack tracker says which acks to send now; a
-//! failure keeps its deliveries unacked and sets a retry timer with backoff,
-//! during which no new deliveries are taken.
+//! What finished work does to a session. Work that went through marks its
+//! deliveries done, and the ack tracker says which acks to send now. A failure
+//! is isolated to the order at fault, by what the store error means
+//! ([`FailureClass`]):
+//!
+//! - permanent or transient (the database answered with an error): a batch of
+//!   several is split in two, and each half runs as a batch of its own, until
+//!   the order at fault is alone; the rest are cancelled and acked on time. A
+//!   lone permanent failure is parked with its SQLSTATE; a lone transient one
+//!   (and a busy order, locked by a payment) is retried alone on its own
+//!   backoff. Neither stops intake or other batches.
+//! - unavailable (nothing can succeed now): nothing is split. The batch waits
+//!   on one backoff for the whole session, during which no new statement starts
+//!   and no deliveries are taken.
 
 use chrono::Utc;
 use lapin::options::BasicAckOptions;
 use tokio::time::Instant;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::acks::State;
-use super::session::{Session, SessionError};
-use super::work::{Done, Failed};
+use super::park::ParkError;
+use super::session::{Retry, Session, SessionError};
+use super::work::{Done, Failed, Pending};
 use crate::amqp;
 use crate::service::CONSUMER;
-use crate::service::orders::OrderStore;
+use crate::service::backoff::Backoff;
+use crate::service::orders::{FailureClass, OrderStore, StoreError};
 use crate::telemetry::RETRIES_TOTAL;
 
 impl<S: OrderStore> Session<'_, S> {
     /// Work finished: record it in the ack tracker, send the acks that allows,
-    /// and schedule a retry if it failed.
+    /// and isolate or retry what failed.
     pub(super) async fn on_finished(&mut self, done: Done) -> Result<(), SessionError> {
         match self.record(done)? {
             None => {
                 self.worked = true;
                 self.retry_backoff.reset();
             }
-            Some(failed) => self.on_failed(failed),
+            Some(failed) => self.on_failed(failed).await?,
         }
         // What finished behind a failed batch need not wait for its retry.
         self.send_acks(false).await
     }
 
     /// Applies finished work to the ack tracker; returns the work that failed.
+    /// Busy orders go to their own retry timers.
     pub(super) fn record(&mut self, done: Done) -> Result<Option<Failed>, SessionError> {
         match done {
-            Done::Parked(tag) => self.acks.forget(tag),
-            Done::Cancelled(handled) => {
+            Done::Parked(tag) => {
+                self.acks.forget(tag);
+                self.park_backoff.reset();
+            }
+            Done::Settled { handled, busy } => {
                 for (tag, handled) in handled {
                     self.acks.set(tag, State::Done, handled);
+                }
+                for pending in busy {
+                    pending.span.in_scope(|| {
+                        info!(target: CONSUMER, "order locked by another transaction; retrying it alone")
+                    });
+                    self.retry_alone(pending);
                 }
             }
             Done::Failed(failed) => return Ok(Some(failed)),
@@ -46,43 +68,85 @@ impl<S: OrderStore> Session<'_, S> {
         Ok(None)
     }
 
-    /// Keeps failed work (its deliveries unacked) for a retry after a backoff.
-    fn on_failed(&mut self, failed: Failed) {
-        match &failed {
-            Failed::Store { batch, error } => {
-                warn!(target: CONSUMER, error = %error, orders = batch.len(), "database failed; will retry");
-                for p in batch {
-                    self.acks.set(p.tag(), State::Waiting, None);
+    /// Isolates a failure to the order at fault; see the module docs.
+    async fn on_failed(&mut self, failed: Failed) -> Result<(), SessionError> {
+        metrics::counter!(RETRIES_TOTAL.name).increment(1);
+        match failed {
+            Failed::Store { batch, error } => self.on_store_failed(batch, error),
+            Failed::Park {
+                delivery,
+                reason,
+                error,
+            } => {
+                warn!(target: CONSUMER, error = %error, "parking failed; will retry");
+                if matches!(error, ParkError::Unroutable { .. }) {
+                    // Someone deleted the parked queue or its binding.
+                    self.repair("parked").await?;
                 }
-            }
-            Failed::Park { error, .. } => {
-                warn!(target: CONSUMER, error = %error, "parking failed; will retry")
+                let delay = self.park_backoff.next_delay();
+                self.retrying
+                    .insert(Retry::Park { delivery, reason }, delay);
             }
         }
-        metrics::counter!(RETRIES_TOTAL.name).increment(1);
-        self.failed.push(failed);
-        if self.retry_at.is_none() {
-            self.retry_at = Some(Instant::now() + self.retry_backoff.next_delay());
+        Ok(())
+    }
+
+    fn on_store_failed(&mut self, mut batch: Vec<Pending>, error: StoreError) {
+        for p in &batch {
+            self.acks.set(p.tag(), State::Waiting, None);
+        }
+        let class = error.class();
+        match class {
+            FailureClass::Unavailable => {
+                warn!(target: CONSUMER, error = %error, orders = batch.len(),
+                    "database unavailable; the batch waits and intake pauses");
+                self.failed.push(batch);
+                if self.retry_at.is_none() {
+                    self.retry_at = Some(Instant::now() + self.retry_backoff.next_delay());
+                }
+            }
+            _ if batch.len() > 1 => {
+                warn!(target: CONSUMER, error = %error, orders = batch.len(), ?class,
+                    "batch failed; splitting it to isolate the order at fault");
+                let second = batch.split_off(batch.len() / 2);
+                self.split.push_front(second);
+                self.split.push_front(batch);
+            }
+            FailureClass::Permanent => {
+                let Some(pending) = batch.pop() else { return };
+                let reason = permanent_reason(&error);
+                self.in_flight
+                    .push(self.parking.park(pending.delivery, reason));
+            }
+            FailureClass::Transient => {
+                for pending in batch {
+                    pending.span.in_scope(|| {
+                        warn!(target: CONSUMER, error = %error, attempts = pending.attempts,
+                            "cancel failed; retrying it alone")
+                    });
+                    self.retry_alone(pending);
+                }
+            }
         }
     }
 
-    /// The retry timer fired: failed batches go back to the front of the ready
-    /// queue, failed parks run again.
+    /// Retries one message alone after its own backoff; it does not pin the
+    /// ack window meanwhile.
+    fn retry_alone(&mut self, mut pending: Pending) {
+        self.acks.set(pending.tag(), State::Waiting, None);
+        let settings = &self.consumer.settings;
+        let delay = Backoff::nth(settings.retry_initial, settings.retry_max, pending.attempts);
+        pending.attempts = pending.attempts.saturating_add(1);
+        self.retrying
+            .insert(Retry::Cancel(Box::new(pending)), delay);
+    }
+
+    /// The database is back (or may be): batches that waited for it run
+    /// again first, each as it was.
     pub(super) fn on_retry_due(&mut self) {
         self.retry_at = None;
-        for failed in std::mem::take(&mut self.failed) {
-            match failed {
-                Failed::Store { batch, .. } => {
-                    for p in batch.into_iter().rev() {
-                        self.ready.push_front(p);
-                    }
-                }
-                Failed::Park {
-                    delivery, reason, ..
-                } => {
-                    self.in_flight.push(self.parking.park(*delivery, reason));
-                }
-            }
+        for batch in std::mem::take(&mut self.failed).into_iter().rev() {
+            self.split.push_front(batch);
         }
     }
 
@@ -113,5 +177,16 @@ impl<S: OrderStore> Session<'_, S> {
             }
         }
         Ok(())
+    }
+}
+
+/// The `x-parked-reason` of a message whose cancel failed permanently, e.g.
+/// `cancel failed permanently: SQLSTATE 22P02: invalid input syntax for type uuid: "o-1"`.
+fn permanent_reason(error: &StoreError) -> String {
+    match error.sqlstate() {
+        Some((code, message)) => {
+            format!("cancel failed permanently: SQLSTATE {code}: {message}")
+        }
+        None => format!("cancel failed permanently: {error}"),
     }
 }

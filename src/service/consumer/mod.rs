@@ -7,7 +7,10 @@
 //! - [`work`]: the unit of work, [`cancel_batch`], and what finished work reports.
 //! - [`park`]: copying an unprocessable message to `P.parked`, confirmed, then acking it.
 //! - [`session`]: one connection's state and its per-event methods.
-//! - [`finished`]: what finished work does: acks, or a retry after a backoff.
+//! - [`finished`]: what finished work does: acks; a failure split down to the
+//!   order at fault, parked or retried alone; a whole-set backoff while the
+//!   database is unavailable.
+//! - [`repair`]: re-declaring the consumer's queues when one was deleted.
 //! - [`drain`]: the end of a session: drain, ack, release, close.
 //!
 //! A session is one broker connection. [`Consumer::run`] runs sessions until
@@ -18,6 +21,7 @@ mod arrival;
 mod drain;
 mod finished;
 mod park;
+mod repair;
 mod session;
 mod work;
 

@@ -1,10 +1,12 @@
 //! One consumer session: one broker connection, from `basic.consume` to close.
 //!
 //! [`Session`] owns everything a session knows (held deliveries, the ack
-//! tracker, the ready queue, work in flight, failed work and its retry timer)
-//! and has one method per event; [`Session::serve`]'s `select!` only picks the
-//! next event. What finished work does (acks, retries) is in `finished.rs`, the
-//! shutdown path (drain, release, close) in `drain.rs`.
+//! tracker, the ready queue, parts of split batches, work in flight, messages
+//! retried on their own timers, and batches waiting for the database) and has
+//! one method per event; [`Session::serve`]'s `select!` only picks the next
+//! event. What finished work does (acks, splitting, retries, parking) is in
+//! `finished.rs`, repairs of the consumer's queues in `repair.rs`, the shutdown
+//! path (drain, release, close) in `drain.rs`.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -26,14 +28,14 @@ use tracing::{debug, info};
 use super::acks::{AckTracker, State};
 use super::arrival::{Arrival, on_arrival};
 use super::park::Parking;
-use super::work::{Done, Failed, Pending, cancel_work};
+use super::work::{Done, Pending, cancel_work};
 use super::{Consumer, Handled};
 use crate::amqp::{self, BrokerError, ConnectError, TlsFiles};
 use crate::service::CONSUMER;
 use crate::service::backoff::Backoff;
 use crate::service::orders::OrderStore;
 use crate::telemetry::HELD_TOTAL;
-use crate::topology::Topology;
+use crate::topology::{Ladder, Topology};
 
 /// Why a session ended.
 #[derive(Debug, Error)]
@@ -58,7 +60,20 @@ enum Event {
     Finished(Done),
     RetryDue,
     HoldExpired(Pending),
+    RetryOneDue(Retry),
     Delivery(Option<lapin::Result<Delivery>>),
+}
+
+/// Work retried on its own timer, without holding up anything else.
+pub(super) enum Retry {
+    /// A message whose order was busy (locked), or whose statement failed
+    /// transiently when it was alone: cancelled again, alone.
+    Cancel(Box<Pending>),
+    /// A park the broker did not confirm.
+    Park {
+        delivery: Box<Delivery>,
+        reason: String,
+    },
 }
 
 /// One session's state; see the module docs.
@@ -75,11 +90,19 @@ pub(super) struct Session<'a, S> {
     pub(super) acks: AckTracker<Handled>,
     /// Due deliveries waiting for a cancel statement.
     pub(super) ready: VecDeque<Pending>,
+    /// Parts of failed batches, each run as a batch of its own before `ready`,
+    /// until the order at fault is alone.
+    pub(super) split: VecDeque<Vec<Pending>>,
     /// Cancel statements and parks running now.
     pub(super) in_flight: FuturesUnordered<BoxFuture<'static, Done>>,
-    /// Failed work, kept until `retry_at`.
-    pub(super) failed: Vec<Failed>,
-    /// While set, failed work waits and no deliveries are taken.
+    /// Single messages and parks, each retried on its own timer.
+    pub(super) retrying: DelayQueue<Retry>,
+    pub(super) park_backoff: Backoff,
+    /// Batches the database could not take at all (unreachable), kept until
+    /// `retry_at`.
+    pub(super) failed: Vec<Vec<Pending>>,
+    /// While set, the database is unavailable: failed batches wait, no new
+    /// statement starts and no deliveries are taken.
     pub(super) retry_at: Option<Instant>,
     pub(super) retry_backoff: Backoff,
     /// Whether any work succeeded: the connection is good.
@@ -105,16 +128,9 @@ impl<'a, S: OrderStore> Session<'a, S> {
         let parking = amqp::bounded("channel.open", timeout, connection.create_channel()).await?;
         let confirms = parking.confirm_select(ConfirmSelectOptions::default());
         amqp::bounded("confirm.select", timeout, confirms).await?;
-        let tag = format!("order-expiry-{}", uuid::Uuid::new_v4());
-        let queue = consumer.ladder.due_queue();
-        let consume = channel.basic_consume(
-            queue.as_str().into(),
-            tag.as_str().into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        );
-        let deliveries = amqp::bounded("basic.consume", timeout, consume).await?;
+        let (deliveries, tag) = subscribe(&channel, &consumer.ladder, timeout).await?;
         consumer.readiness.set_consuming(true);
+        let queue = consumer.ladder.due_queue();
         info!(target: CONSUMER, queue = %queue, prefetch = settings.prefetch, "consuming");
         Ok(Self {
             consumer,
@@ -131,7 +147,10 @@ impl<'a, S: OrderStore> Session<'a, S> {
             held: DelayQueue::new(),
             acks: AckTracker::default(),
             ready: VecDeque::new(),
+            split: VecDeque::new(),
             in_flight: FuturesUnordered::new(),
+            retrying: DelayQueue::new(),
+            park_backoff: Backoff::new(settings.retry_initial, settings.retry_max),
             failed: Vec::new(),
             retry_at: None,
             retry_backoff: Backoff::new(settings.retry_initial, settings.retry_max),
@@ -149,42 +168,50 @@ impl<'a, S: OrderStore> Session<'a, S> {
                 Event::Finished(done) => self.on_finished(done).await?,
                 Event::RetryDue => self.on_retry_due(),
                 Event::HoldExpired(pending) => self.on_hold_expired(pending),
-                Event::Delivery(delivery) => self.on_delivery(delivery)?,
+                Event::RetryOneDue(retry) => self.on_retry_one_due(retry),
+                Event::Delivery(delivery) => self.on_delivery(delivery).await?,
             }
         }
     }
 
-    /// Waits for the next event. Shutdown comes first; while a retry is
-    /// pending, no deliveries are taken (the failing database or broker gets
-    /// no new work, and the consumer sleeps instead of spinning).
+    /// Waits for the next event. Shutdown comes first; while the database is
+    /// unavailable, no deliveries are taken (it gets no new work, and the
+    /// consumer sleeps instead of spinning). A message retried on its own timer
+    /// never stops intake.
     async fn next_event(&mut self, shutdown: &CancellationToken) -> Event {
         let busy = !self.in_flight.is_empty();
         let holding = !self.held.is_empty();
+        let retrying = !self.retrying.is_empty();
         let retry_at = self.retry_at;
         let (in_flight, held) = (&mut self.in_flight, &mut self.held);
-        let deliveries = &mut self.deliveries;
+        let (retries, deliveries) = (&mut self.retrying, &mut self.deliveries);
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => Event::Shutdown,
             Some(done) = in_flight.next(), if busy => Event::Finished(done),
             _ = sleep_until(retry_at), if retry_at.is_some() => Event::RetryDue,
             Some(expired) = held.next(), if holding => Event::HoldExpired(expired.into_inner()),
+            Some(expired) = retries.next(), if retrying => Event::RetryOneDue(expired.into_inner()),
             delivery = deliveries.next(), if retry_at.is_none() => Event::Delivery(delivery),
         }
     }
 
-    /// Starts cancel statements for ready deliveries, up to
-    /// `consumer.batch_concurrency` at once, unless a retry is pending.
+    /// Starts cancel statements, up to `consumer.batch_concurrency` at once,
+    /// unless the database is unavailable: parts of split batches first, each
+    /// on its own, then up to `consumer.batch_max` ready deliveries.
     fn start_batches(&mut self) {
         let settings = &self.consumer.settings;
         let (batch_max, concurrency) =
             (settings.batch_max.max(1), settings.batch_concurrency.max(1));
-        while self.retry_at.is_none()
-            && self.in_flight.len() < concurrency
-            && !self.ready.is_empty()
-        {
-            let n = self.ready.len().min(batch_max);
-            let batch: Vec<Pending> = self.ready.drain(..n).collect();
+        while self.retry_at.is_none() && self.in_flight.len() < concurrency {
+            let batch: Vec<Pending> = match self.split.pop_front() {
+                Some(part) => part,
+                None if self.ready.is_empty() => break,
+                None => {
+                    let n = self.ready.len().min(batch_max);
+                    self.ready.drain(..n).collect()
+                }
+            };
             for p in &batch {
                 self.acks.set(p.tag(), State::InBatch, None);
             }
@@ -194,13 +221,15 @@ impl<'a, S: OrderStore> Session<'a, S> {
         }
     }
 
-    /// A delivery: due now, held until due, or parked.
-    fn on_delivery(
+    /// A delivery: due now, held until due, or parked. The end of the stream
+    /// is the broker cancelling our consumer (the due queue was deleted):
+    /// re-declared, consumed again, and what this session holds carries on.
+    async fn on_delivery(
         &mut self,
         delivery: Option<lapin::Result<Delivery>>,
     ) -> Result<(), SessionError> {
         let delivery = match delivery {
-            None => return Err(SessionError::ConsumerEnded),
+            None => return self.on_consumer_ended().await,
             Some(Err(e)) => return Err(SessionError::Deliveries(e)),
             Some(Ok(delivery)) => delivery,
         };
@@ -232,6 +261,18 @@ impl<'a, S: OrderStore> Session<'a, S> {
         Ok(())
     }
 
+    /// A message's or a park's own retry timer fired: the message runs again
+    /// in a batch of its own (it may fail again, and must not take others with
+    /// it), the park is published again.
+    fn on_retry_one_due(&mut self, retry: Retry) {
+        match retry {
+            Retry::Cancel(pending) => self.split.push_back(vec![*pending]),
+            Retry::Park { delivery, reason } => {
+                self.in_flight.push(self.parking.park(*delivery, reason))
+            }
+        }
+    }
+
     /// A held delivery's timer fired: ready if its `due_at` has passed (the
     /// timer has millisecond granularity), held again otherwise.
     fn on_hold_expired(&mut self, pending: Pending) {
@@ -247,6 +288,24 @@ impl<'a, S: OrderStore> Session<'a, S> {
     pub(super) fn age(&self) -> std::time::Duration {
         self.started.elapsed()
     }
+}
+
+/// Consumes the due queue with a fresh consumer tag.
+pub(super) async fn subscribe(
+    channel: &Channel,
+    ladder: &Ladder,
+    timeout: std::time::Duration,
+) -> Result<(lapin::Consumer, String), BrokerError> {
+    let tag = format!("order-expiry-{}", uuid::Uuid::new_v4());
+    let queue = ladder.due_queue();
+    let consume = channel.basic_consume(
+        queue.as_str().into(),
+        tag.as_str().into(),
+        BasicConsumeOptions::default(),
+        FieldTable::default(),
+    );
+    let deliveries = amqp::bounded("basic.consume", timeout, consume).await?;
+    Ok((deliveries, tag))
 }
 
 async fn sleep_until(at: Option<Instant>) {

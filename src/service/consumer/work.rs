@@ -1,5 +1,10 @@
 //! The consumer's unit of work, a batch of due messages cancelled by one atomic
 //! statement, and what finished work reports back to the session.
+//!
+//! A batch ends in one of three ways: settled (each message cancelled, not
+//! unpaid, unknown, or busy: locked by a payment, retried alone later), failed
+//! with a store error (the session isolates the order at fault, see
+//! `finished.rs`), or the broker failed.
 
 use std::sync::Arc;
 
@@ -22,6 +27,8 @@ pub(super) struct Pending {
     pub(super) delivery: Delivery,
     pub(super) message: ExpiryMessage,
     pub(super) span: tracing::Span,
+    /// Times it was retried alone (busy, or a transient failure): its own backoff.
+    pub(super) attempts: u32,
 }
 
 impl Pending {
@@ -31,6 +38,7 @@ impl Pending {
             delivery,
             message,
             span,
+            attempts: 0,
         }
     }
 
@@ -43,18 +51,22 @@ impl Pending {
 pub(super) enum Done {
     /// A parked delivery was acked (singly, by the park work).
     Parked(u64),
-    /// A batch was cancelled: its deliveries may be acked, each with what the
-    /// observer is told once it is.
-    Cancelled(Vec<(u64, Option<Handled>)>),
+    /// A batch went through: `handled` may be acked, each with what the
+    /// observer is told once it is; `busy` were locked by another transaction
+    /// and are retried alone later.
+    Settled {
+        handled: Vec<(u64, Option<Handled>)>,
+        busy: Vec<Pending>,
+    },
     /// It failed in a way worth retrying after a backoff.
     Failed(Failed),
     /// The channel is unusable: the session ends.
     BrokerFailed(SessionError),
 }
 
-/// Failed work, kept (deliveries unacked) until the retry timer fires.
+/// Failed work, its deliveries unacked.
 pub(super) enum Failed {
-    /// The database failed the batch.
+    /// The database failed the batch; `error.class()` says what happens next.
     Store {
         batch: Vec<Pending>,
         error: StoreError,
@@ -78,28 +90,31 @@ impl Failed {
 }
 
 /// Cancels a batch of due messages with one atomic statement and records each
-/// outcome: the unit of work, usable without a broker.
+/// final outcome: the unit of work, usable without a broker. A
+/// [`Disposition::Busy`] order (locked by another transaction) is not final:
+/// the caller tries it again later.
 pub async fn cancel_batch<S: OrderStore>(
     store: &S,
     messages: &[&ExpiryMessage],
-) -> Result<Vec<Outcome>, StoreError> {
-    let ids: Vec<&str> = messages.iter().map(|m| m.order_id.as_str()).collect();
-    let dispositions = store.cancel_unpaid(&ids).await?;
+) -> Result<Vec<Disposition>, StoreError> {
+    let dispositions = store.cancel_unpaid(messages).await?;
     let now = Utc::now();
-    let outcomes = messages
-        .iter()
-        .zip(dispositions)
-        .map(|(message, disposition)| {
-            let outcome = match disposition {
-                Disposition::Cancelled => Outcome::Cancelled,
-                Disposition::NotUnpaid => Outcome::NotUnpaid,
-                Disposition::Unknown => Outcome::Unknown,
-            };
+    for (message, disposition) in messages.iter().zip(&dispositions) {
+        if let Some(outcome) = outcome(*disposition) {
             record(message, outcome, now);
-            outcome
-        })
-        .collect();
-    Ok(outcomes)
+        }
+    }
+    Ok(dispositions)
+}
+
+/// The final outcome of a disposition; `None` for one to try again (busy).
+fn outcome(disposition: Disposition) -> Option<Outcome> {
+    match disposition {
+        Disposition::Cancelled => Some(Outcome::Cancelled),
+        Disposition::NotUnpaid => Some(Outcome::NotUnpaid),
+        Disposition::Unknown => Some(Outcome::Unknown),
+        Disposition::Busy => None,
+    }
 }
 
 /// `cancel_batch` for `batch`, as concurrent work of the session.
@@ -110,22 +125,28 @@ pub(super) fn cancel_work<S: OrderStore>(
 ) -> BoxFuture<'static, Done> {
     async move {
         let messages: Vec<&ExpiryMessage> = batch.iter().map(|p| &p.message).collect();
-        let outcomes = match cancel_batch(store.as_ref(), &messages).await {
-            Ok(outcomes) => outcomes,
+        let dispositions = match cancel_batch(store.as_ref(), &messages).await {
+            Ok(dispositions) => dispositions,
             Err(error) => return Done::Failed(Failed::Store { batch, error }),
         };
         let now = Utc::now();
-        // The session acks them, with `multiple` where it can.
-        let handled = batch.iter().zip(outcomes).map(|(p, outcome)| {
-            log_outcome(p, outcome, now);
-            let handled = observed.then(|| Handled {
+        // The session acks the handled ones, with `multiple` where it can.
+        let mut handled = Vec::with_capacity(batch.len());
+        let mut busy = Vec::new();
+        for (p, disposition) in batch.into_iter().zip(dispositions) {
+            let Some(outcome) = outcome(disposition) else {
+                busy.push(p);
+                continue;
+            };
+            log_outcome(&p, outcome, now);
+            let seen = observed.then(|| Handled {
                 order_id: Some(p.message.order_id.clone()),
                 outcome,
                 at: now,
             });
-            (p.tag(), handled)
-        });
-        Done::Cancelled(handled.collect())
+            handled.push((p.tag(), seen));
+        }
+        Done::Settled { handled, busy }
     }
     .boxed()
 }

@@ -4,15 +4,21 @@
 //! Cancelling is one atomic statement per batch (`... WHERE id = ANY($1) AND
 //! status = 'unpaid' RETURNING id`): checking "unpaid" and cancelling in two
 //! statements would let a payment that lands between them be cancelled.
+//!
+//! - [`failure`]: what a failed statement means for its messages (pure).
+//! - `postgres`: [`PgOrderStore`], every call bounded by `database.query_timeout_ms`.
 
+mod failure;
 mod postgres;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use thiserror::Error;
 
+pub use self::failure::{FailureClass, classify};
 pub use self::postgres::PgOrderStore;
+use crate::publisher::ExpiryMessage;
 
 /// What the cancel statement did to one due order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +29,9 @@ pub enum Disposition {
     NotUnpaid,
     /// No such order.
     Unknown,
+    /// Still unpaid, but another transaction holds its row lock (a payment in
+    /// progress): the cancel skipped it; try this one again later.
+    Busy,
 }
 
 /// The database could not answer; the caller keeps the messages and retries.
@@ -35,9 +44,30 @@ pub enum StoreError {
     /// The pool cannot be built from the settings.
     #[error("database pool: {0}")]
     Build(#[from] deadpool_postgres::BuildError),
-    /// A statement failed.
+    /// A statement failed (the server's error, or the connection's).
     #[error("database statement failed: {0}")]
     Query(#[from] tokio_postgres::Error),
+    /// A configured statement cannot be prepared: it is wrong for this database
+    /// (syntax, a missing table or column), whatever the orders.
+    #[error("cannot prepare {setting}: {source}")]
+    Prepare {
+        /// The setting holding the statement.
+        setting: &'static str,
+        /// What the server said.
+        source: tokio_postgres::Error,
+    },
+    /// A configured statement returns something else than described.
+    #[error("{setting} {problem}")]
+    Shape {
+        /// The setting holding the statement.
+        setting: &'static str,
+        /// What is wrong with what it returns.
+        problem: String,
+    },
+    /// No answer within `database.query_timeout_ms`: the connection is dropped,
+    /// never reused.
+    #[error("no answer from the database within {0:?}")]
+    Timeout(Duration),
     /// The URL does not parse.
     #[error("invalid database URL {url}: {reason}")]
     InvalidUrl {
@@ -48,15 +78,37 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// What the failure means for the messages of the statement that hit it.
+    pub fn class(&self) -> FailureClass {
+        match self.sqlstate() {
+            Some((code, _)) if matches!(self, Self::Query(_)) => classify(code),
+            // Everything else: the pool, the connection, a timeout, a statement
+            // that cannot work at all.
+            _ => FailureClass::Unavailable,
+        }
+    }
+
+    /// The server's SQLSTATE and message, when the server answered with an error.
+    pub fn sqlstate(&self) -> Option<(&str, &str)> {
+        let db = match self {
+            Self::Query(e) | Self::Prepare { source: e, .. } => e.as_db_error()?,
+            _ => return None,
+        };
+        Some((db.code().code(), db.message()))
+    }
+}
+
 /// Cancels due orders. The consumer and the sweeper depend on this trait, not
 /// on PostgreSQL.
 pub trait OrderStore: Send + Sync + 'static {
-    /// Cancels every order in `ids` that is still unpaid, atomically per order;
-    /// returns one disposition per input id, in input order. A repeated id is
-    /// `Cancelled` at most once.
+    /// Cancels the order of every message that is still unpaid, atomically per
+    /// order; returns one disposition per message, in input order. A repeated
+    /// order is `Cancelled` at most once. The messages (not only their ids) are
+    /// given so that a statement can use more of them (`$2`: their `due_at`s).
     fn cancel_unpaid(
         &self,
-        ids: &[&str],
+        messages: &[&ExpiryMessage],
     ) -> impl Future<Output = Result<Vec<Disposition>, StoreError>> + Send;
 
     /// Cancels up to `limit` unpaid orders whose `pay_deadline` passed more than
@@ -72,12 +124,14 @@ pub trait OrderStore: Send + Sync + 'static {
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
-/// One disposition per id from what the statements returned. A repeated id is
-/// `Cancelled` the first time only: the second delivery changed nothing.
+/// One disposition per id from what the statements returned: the ids the cancel
+/// returned, and of the others those that exist, each with whether it is still
+/// unpaid (skipped because locked). A repeated id is `Cancelled` the first time
+/// only: the second delivery changed nothing.
 fn dispositions(
     ids: &[&str],
     cancelled: &HashSet<String>,
-    existing: &HashSet<String>,
+    existing: &HashMap<String, bool>,
 ) -> Vec<Disposition> {
     let mut seen: HashSet<&str> = HashSet::with_capacity(ids.len());
     ids.iter()
@@ -89,8 +143,12 @@ fn dispositions(
                 } else {
                     Disposition::NotUnpaid
                 }
-            } else if existing.contains(*id) {
-                Disposition::NotUnpaid
+            } else if let Some(unpaid) = existing.get(*id) {
+                if *unpaid {
+                    Disposition::Busy
+                } else {
+                    Disposition::NotUnpaid
+                }
             } else {
                 Disposition::Unknown
             }
@@ -106,22 +164,28 @@ mod tests {
         ids.iter().map(|s| s.to_string()).collect()
     }
 
+    fn existing(rows: &[(&str, bool)]) -> HashMap<String, bool> {
+        rows.iter().map(|(id, u)| (id.to_string(), *u)).collect()
+    }
+
     #[test]
-    fn dispositions_tell_cancelled_paid_and_unknown_apart() {
-        let got = dispositions(&["a", "b", "c"], &set(&["a"]), &set(&["b"]));
+    fn dispositions_tell_cancelled_paid_busy_and_unknown_apart() {
+        let rows = existing(&[("b", false), ("d", true)]);
+        let got = dispositions(&["a", "b", "c", "d"], &set(&["a"]), &rows);
         assert_eq!(
             got,
             [
                 Disposition::Cancelled,
                 Disposition::NotUnpaid,
-                Disposition::Unknown
+                Disposition::Unknown,
+                Disposition::Busy,
             ]
         );
     }
 
     #[test]
     fn a_repeated_id_is_cancelled_once() {
-        let got = dispositions(&["a", "a"], &set(&["a"]), &set(&["a"]));
+        let got = dispositions(&["a", "a"], &set(&["a"]), &existing(&[("a", false)]));
         assert_eq!(got, [Disposition::Cancelled, Disposition::NotUnpaid]);
     }
 }

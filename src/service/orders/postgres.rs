@@ -1,16 +1,23 @@
 //! [`OrderStore`] on PostgreSQL through a small connection pool, with the
 //! statements of `database.cancel_sql`, `database.exists_sql` and
 //! `sweeper.sweep_sql`, so users can point them at their own schema.
+//!
+//! Every prepare and query is bounded by `database.query_timeout_ms` on the
+//! client side ([`Checkout`]): `statement_timeout` is the server's, and a server
+//! that went silent (a failover, a dropped route) never sends it. A connection
+//! whose call did not finish is detached from the pool and closed, never reused.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use secrecy::ExposeSecret;
-use tokio_postgres::NoTls;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Row, Statement};
 
 use super::{Disposition, OrderStore, StoreError, dispositions};
+use crate::publisher::ExpiryMessage;
 use crate::settings::{DatabaseSettings, Settings, redact_url, scrub_url};
 
 /// The default table, as in the public contract. `migrate` runs it.
@@ -30,6 +37,10 @@ pub struct PgOrderStore {
     cancel_sql: String,
     exists_sql: String,
     sweep_sql: String,
+    /// Whether `cancel_sql` skips locked rows: then `exists_sql` must say which
+    /// of the rest are still unpaid (its second column).
+    skips_locked: bool,
+    query_timeout: Duration,
 }
 
 impl std::fmt::Debug for PgOrderStore {
@@ -50,6 +61,17 @@ impl PgOrderStore {
             cancel_sql: settings.database.cancel_sql.clone(),
             exists_sql: settings.database.exists_sql.clone(),
             sweep_sql: settings.sweeper.sweep_sql.clone(),
+            skips_locked: skips_locked(&settings.database.cancel_sql),
+            query_timeout: settings.database.query_timeout,
+        })
+    }
+
+    /// A pooled connection for one store call, bounded by `query_timeout_ms`.
+    async fn checkout(&self) -> Result<Checkout, StoreError> {
+        Ok(Checkout {
+            client: Some(self.pool.get().await?),
+            interrupted: false,
+            timeout: self.query_timeout,
         })
     }
 
@@ -89,45 +111,191 @@ impl PgOrderStore {
 }
 
 impl OrderStore for PgOrderStore {
-    async fn cancel_unpaid(&self, ids: &[&str]) -> Result<Vec<Disposition>, StoreError> {
-        let client = self.client().await?;
-        let cancel = client.prepare_cached(&self.cancel_sql).await?;
-        let cancelled: HashSet<String> = ids_of(client.query(&cancel, &[&ids]).await?)?;
-        // Only the ids not cancelled need telling apart (paid vs unknown): usually none.
+    async fn cancel_unpaid(
+        &self,
+        messages: &[&ExpiryMessage],
+    ) -> Result<Vec<Disposition>, StoreError> {
+        let ids: Vec<&str> = messages.iter().map(|m| m.order_id.as_str()).collect();
+        let mut db = self.checkout().await?;
+        let cancel = db.prepare("database.cancel_sql", &self.cancel_sql).await?;
+        // $1 the ids (text[]); a statement with a second parameter gets the
+        // messages' due_at (timestamptz[]) as $2.
+        let due_at: Vec<DateTime<Utc>>;
+        let rows = match cancel.params().len() {
+            1 => db.query(&cancel, &[&ids]).await?,
+            2 => {
+                due_at = messages.iter().map(|m| m.due_at).collect();
+                db.query(&cancel, &[&ids, &due_at]).await?
+            }
+            n => {
+                return Err(shape(
+                    "database.cancel_sql",
+                    format!("has {n} parameters, not 1 ($1 ids) or 2 ($2 due_at)"),
+                ));
+            }
+        };
+        let cancelled: HashSet<String> = ids_of("database.cancel_sql", &rows)?;
+        // Only the ids not cancelled need telling apart (paid, locked or
+        // unknown): usually none.
         let rest: Vec<&str> = ids
             .iter()
             .copied()
             .filter(|id| !cancelled.contains(*id))
             .collect();
-        let existing: HashSet<String> = if rest.is_empty() {
-            HashSet::new()
+        let existing = if rest.is_empty() {
+            HashMap::new()
         } else {
-            let exists = client.prepare_cached(&self.exists_sql).await?;
-            ids_of(client.query(&exists, &[&rest]).await?)?
+            let exists = db.prepare("database.exists_sql", &self.exists_sql).await?;
+            let rows = db.query(&exists, &[&rest]).await?;
+            self.existing(&exists, &rows)?
         };
-        Ok(dispositions(ids, &cancelled, &existing))
+        Ok(dispositions(&ids, &cancelled, &existing))
     }
 
     async fn sweep_overdue(&self, grace: Duration, limit: u32) -> Result<Vec<String>, StoreError> {
-        let client = self.client().await?;
-        let sweep = client.prepare_cached(&self.sweep_sql).await?;
+        let mut db = self.checkout().await?;
+        let sweep = db.prepare("sweeper.sweep_sql", &self.sweep_sql).await?;
         // $1 is seconds (float8), $2 a bigint.
         let (grace, limit) = (grace.as_secs_f64(), i64::from(limit));
-        ids_of(client.query(&sweep, &[&grace, &limit]).await?)
+        let rows = db.query(&sweep, &[&grace, &limit]).await?;
+        ids_of("sweeper.sweep_sql", &rows)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        self.client().await?.simple_query("SELECT 1").await?;
+        let mut db = self.checkout().await?;
+        db.simple("SELECT 1").await?;
         Ok(())
     }
 }
 
+impl PgOrderStore {
+    /// What `exists_sql` returned: each existing id, with whether it is still
+    /// unpaid (second column, boolean). A one-column statement says only that
+    /// they exist, which is enough unless the cancel skips locked rows.
+    fn existing(
+        &self,
+        exists: &Statement,
+        rows: &[Row],
+    ) -> Result<HashMap<String, bool>, StoreError> {
+        const SETTING: &str = "database.exists_sql";
+        match exists.columns().len() {
+            1 if self.skips_locked => Err(shape(
+                SETTING,
+                "returns one column, but database.cancel_sql skips locked rows: add a second, \
+                 status = 'unpaid', or a locked unpaid order would be taken for paid"
+                    .into(),
+            )),
+            1 => Ok(ids_of::<Vec<String>>(SETTING, rows)?
+                .into_iter()
+                .map(|id| (id, false))
+                .collect()),
+            2 => rows
+                .iter()
+                .map(|row| Ok((row.try_get(0)?, row.try_get::<_, bool>(1)?)))
+                .collect::<Result<_, tokio_postgres::Error>>()
+                .map_err(|e| {
+                    shape(
+                        SETTING,
+                        format!("returns other types than (text, boolean): {e}"),
+                    )
+                }),
+            n => Err(shape(
+                SETTING,
+                format!("returns {n} columns, not 1 (id) or 2 (id, still unpaid)"),
+            )),
+        }
+    }
+}
+
+/// Whether a cancel statement skips rows another transaction has locked.
+fn skips_locked(cancel_sql: &str) -> bool {
+    let words: Vec<String> = cancel_sql
+        .split_whitespace()
+        .map(str::to_ascii_uppercase)
+        .collect();
+    words.windows(2).any(|w| w[0] == "SKIP" && w[1] == "LOCKED")
+}
+
+fn shape(setting: &'static str, problem: String) -> StoreError {
+    StoreError::Shape { setting, problem }
+}
+
+/// A pooled connection for one store call. Each prepare and query is bounded
+/// by `timeout`; a call that did not finish (it timed out, or the caller gave up
+/// on it) leaves the connection with a request in flight, perhaps on a dead
+/// socket: dropping the checkout then detaches it from the pool and closes it.
+struct Checkout {
+    client: Option<Object>,
+    interrupted: bool,
+    timeout: Duration,
+}
+
+impl Checkout {
+    async fn prepare(&mut self, setting: &'static str, sql: &str) -> Result<Statement, StoreError> {
+        let client = held(&self.client, self.timeout)?;
+        bounded(
+            &mut self.interrupted,
+            self.timeout,
+            client.prepare_cached(sql),
+        )
+        .await?
+        .map_err(|source| StoreError::Prepare { setting, source })
+    }
+
+    async fn query(
+        &mut self,
+        statement: &Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, StoreError> {
+        let client = held(&self.client, self.timeout)?;
+        let call = client.query(statement, params);
+        Ok(bounded(&mut self.interrupted, self.timeout, call).await??)
+    }
+
+    async fn simple(&mut self, sql: &str) -> Result<(), StoreError> {
+        let client = held(&self.client, self.timeout)?;
+        let call = client.simple_query(sql);
+        bounded(&mut self.interrupted, self.timeout, call).await??;
+        Ok(())
+    }
+}
+
+/// The checkout's client; only a dropped checkout has none.
+fn held(client: &Option<Object>, timeout: Duration) -> Result<&Object, StoreError> {
+    client.as_ref().ok_or(StoreError::Timeout(timeout))
+}
+
+/// Awaits `call` for at most `timeout`, with `interrupted` set while it runs.
+async fn bounded<T>(
+    interrupted: &mut bool,
+    timeout: Duration,
+    call: impl Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<Result<T, tokio_postgres::Error>, StoreError> {
+    *interrupted = true;
+    let answer = tokio::time::timeout(timeout, call)
+        .await
+        .map_err(|_| StoreError::Timeout(timeout))?;
+    *interrupted = false;
+    Ok(answer)
+}
+
+impl Drop for Checkout {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take()
+            && self.interrupted
+        {
+            // Detached: dropping the connection closes it instead of pooling it.
+            drop(Object::take(client));
+        }
+    }
+}
+
 /// The first column of every row, as text: the ids a statement returned.
-fn ids_of<C: FromIterator<String>>(rows: Vec<tokio_postgres::Row>) -> Result<C, StoreError> {
-    Ok(rows
-        .iter()
+fn ids_of<C: FromIterator<String>>(setting: &'static str, rows: &[Row]) -> Result<C, StoreError> {
+    rows.iter()
         .map(|row| row.try_get::<_, String>(0))
-        .collect::<Result<C, _>>()?)
+        .collect::<Result<C, _>>()
+        .map_err(|e| shape(setting, format!("must return the ids as text first: {e}")))
 }
 
 fn pool(settings: &DatabaseSettings) -> Result<Pool, StoreError> {
@@ -141,18 +309,29 @@ fn pool(settings: &DatabaseSettings) -> Result<Pool, StoreError> {
                 url: redact_url(&settings.url),
                 reason: scrub_url(&e.to_string(), &settings.url),
             })?;
-    let statement_timeout = format!(
-        "-c statement_timeout={}",
-        settings.statement_timeout.as_millis()
+    // Server-side bounds on every session: a statement, and a wait for a row
+    // lock (a custom cancel_sql without SKIP LOCKED then fails fast with 55P03,
+    // which the consumer isolates to the one locked order).
+    let timeouts = format!(
+        "-c statement_timeout={} -c lock_timeout={}",
+        settings.statement_timeout.as_millis(),
+        settings.lock_timeout.as_millis()
     );
     let options = match config.get_options() {
-        Some(existing) => format!("{existing} {statement_timeout}"),
-        None => statement_timeout,
+        Some(existing) => format!("{existing} {timeouts}"),
+        None => timeouts,
     };
+    // TCP keepalives and a user timeout notice a dead peer that the client-side
+    // query timeout would otherwise be the only one to catch.
     config
         .options(&options)
         .application_name("order-expiry")
-        .connect_timeout(settings.connect_timeout);
+        .connect_timeout(settings.connect_timeout)
+        .keepalives(true)
+        .keepalives_idle(Duration::from_secs(10))
+        .keepalives_interval(Duration::from_secs(2))
+        .keepalives_retries(3)
+        .tcp_user_timeout(settings.query_timeout);
     let manager = Manager::from_config(
         config,
         NoTls,

@@ -1,0 +1,354 @@
+//! Settings that parse but cannot work, rejected at start-up in one place with
+//! the key and the reason: `serve` refuses to start ([`Settings::validate`]) and
+//! the publisher refuses to build ([`Settings::validate_publisher`]). Pure.
+//!
+//! Negative numbers never get this far: every count and `_ms` key is unsigned,
+//! and the config crate rejects `-1` while loading, naming the key.
+
+use std::time::Duration;
+
+use thiserror::Error;
+
+use super::Settings;
+use crate::topology::LadderError;
+
+/// A setting that cannot work: its key (as in `config/default.toml`) and why.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("invalid setting {key}: {reason}")]
+pub struct InvalidSetting {
+    /// `section.key`, e.g. `consumer.prefetch`; the environment variable is
+    /// `ORDER_EXPIRY__SECTION__KEY`.
+    pub key: &'static str,
+    /// Why it cannot work.
+    pub reason: String,
+}
+
+fn invalid(key: &'static str, reason: impl Into<String>) -> Result<(), InvalidSetting> {
+    Err(InvalidSetting {
+        key,
+        reason: reason.into(),
+    })
+}
+
+/// Rejects 0: for every count here, 0 would mean "nothing ever happens" (or,
+/// for the prefetch, "unlimited").
+fn positive(key: &'static str, value: u64) -> Result<(), InvalidSetting> {
+    if value == 0 {
+        return invalid(key, "must be at least 1, not 0");
+    }
+    Ok(())
+}
+
+/// Rejects a zero duration: a timeout or interval of 0 fails (or spins) at once.
+fn nonzero(key: &'static str, value: Duration) -> Result<(), InvalidSetting> {
+    if value.is_zero() {
+        return invalid(key, "must be at least 1 ms, not 0");
+    }
+    Ok(())
+}
+
+/// A backoff must not start above its ceiling.
+fn backoff(
+    initial_key: &'static str,
+    initial: Duration,
+    max_key: &'static str,
+    max: Duration,
+) -> Result<(), InvalidSetting> {
+    nonzero(initial_key, initial)?;
+    if initial > max {
+        return invalid(
+            initial_key,
+            format!(
+                "{} ms is more than {max_key} ({} ms): the backoff starts above its ceiling",
+                initial.as_millis(),
+                max.as_millis()
+            ),
+        );
+    }
+    Ok(())
+}
+
+fn statement(key: &'static str, sql: &str) -> Result<(), InvalidSetting> {
+    if sql.trim().is_empty() {
+        return invalid(key, "is empty");
+    }
+    Ok(())
+}
+
+impl Settings {
+    /// Every setting `serve` uses: the broker, the topology, the consumer, the
+    /// database, the sweeper, HTTP (and the publisher's lead, which decides what
+    /// the consumer may hold). The first impossible one is returned.
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        self.validate_publisher()?;
+        let c = &self.consumer;
+        if c.prefetch == 0 {
+            return invalid(
+                "consumer.prefetch",
+                "0 means unlimited in AMQP (the broker would push the whole due queue); set 1 or more",
+            );
+        }
+        positive("consumer.batch_max", c.batch_max as u64)?;
+        positive("consumer.batch_concurrency", c.batch_concurrency as u64)?;
+        positive("consumer.max_body_bytes", c.max_body_bytes as u64)?;
+        // The ladder delivers up to 1 s (its whole seconds) plus the lead before
+        // due_at: a hold limit at or below that parks every ladder message.
+        let earliest = self.publisher.lead + Duration::from_secs(1);
+        if c.max_hold <= earliest {
+            return invalid(
+                "consumer.max_hold_ms",
+                format!(
+                    "{} ms is not more than publisher.lead_ms + 1 s ({} ms): messages arrive up to that early, \
+                     and every one would be parked as far too early",
+                    c.max_hold.as_millis(),
+                    earliest.as_millis()
+                ),
+            );
+        }
+        backoff(
+            "consumer.retry_initial_ms",
+            c.retry_initial,
+            "consumer.retry_max_ms",
+            c.retry_max,
+        )?;
+        nonzero("consumer.drain_timeout_ms", c.drain_timeout)?;
+
+        let d = &self.database;
+        positive("database.pool_size", d.pool_size as u64)?;
+        // 0 disables these two in PostgreSQL: a statement could wait for ever.
+        nonzero("database.statement_timeout_ms", d.statement_timeout)?;
+        nonzero("database.lock_timeout_ms", d.lock_timeout)?;
+        nonzero("database.connect_timeout_ms", d.connect_timeout)?;
+        nonzero("database.acquire_timeout_ms", d.acquire_timeout)?;
+        if d.query_timeout <= d.statement_timeout {
+            return invalid(
+                "database.query_timeout_ms",
+                format!(
+                    "{} ms is not more than database.statement_timeout_ms ({} ms): the client would give up \
+                     (and drop the connection) before the server's own timeout",
+                    d.query_timeout.as_millis(),
+                    d.statement_timeout.as_millis()
+                ),
+            );
+        }
+        statement("database.cancel_sql", &d.cancel_sql)?;
+        statement("database.exists_sql", &d.exists_sql)?;
+
+        let s = &self.sweeper;
+        nonzero("sweeper.interval_ms", s.interval)?;
+        positive("sweeper.batch_max", u64::from(s.batch_max))?;
+        statement("sweeper.sweep_sql", &s.sweep_sql)?;
+
+        nonzero("http.ready_timeout_ms", self.http.ready_timeout)?;
+        Ok(())
+    }
+
+    /// The settings the publisher library uses: the broker, the topology and
+    /// the publisher's own. [`crate::Scheduler::from_settings`] calls it.
+    pub fn validate_publisher(&self) -> Result<(), InvalidSetting> {
+        let a = &self.amqp;
+        nonzero("amqp.timeout_ms", a.timeout)?;
+        backoff(
+            "amqp.reconnect_initial_ms",
+            a.reconnect_initial,
+            "amqp.reconnect_max_ms",
+            a.reconnect_max,
+        )?;
+        match self.ladder() {
+            Ok(_) => {}
+            Err(e @ LadderError::Levels(_)) => return invalid("topology.levels", e.to_string()),
+            Err(e @ LadderError::Prefix(_)) => return invalid("topology.prefix", e.to_string()),
+        }
+        positive(
+            "publisher.max_in_flight",
+            self.publisher.max_in_flight as u64,
+        )?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_valid() {
+        Settings::default().validate().unwrap();
+    }
+
+    /// Every rejected combination: what is changed, the key named, and a word
+    /// of the reason.
+    #[test]
+    fn every_impossible_combination_is_rejected_with_its_key() {
+        type Change = fn(&mut Settings);
+        const fn ms(n: u64) -> Duration {
+            Duration::from_millis(n)
+        }
+        let table: &[(Change, &str, &str)] = &[
+            (
+                |s| s.consumer.prefetch = 0,
+                "consumer.prefetch",
+                "unlimited",
+            ),
+            (
+                |s| s.consumer.batch_max = 0,
+                "consumer.batch_max",
+                "at least 1",
+            ),
+            (
+                |s| s.consumer.batch_concurrency = 0,
+                "consumer.batch_concurrency",
+                "at least 1",
+            ),
+            (
+                |s| s.consumer.max_body_bytes = 0,
+                "consumer.max_body_bytes",
+                "at least 1",
+            ),
+            (
+                |s| s.consumer.max_hold = ms(1300),
+                "consumer.max_hold_ms",
+                "parked",
+            ),
+            (
+                |s| s.publisher.lead = ms(29_000),
+                "consumer.max_hold_ms",
+                "lead_ms + 1 s",
+            ),
+            (
+                |s| s.consumer.retry_initial = ms(0),
+                "consumer.retry_initial_ms",
+                "not 0",
+            ),
+            (
+                |s| s.consumer.retry_initial = ms(20_000),
+                "consumer.retry_initial_ms",
+                "ceiling",
+            ),
+            (
+                |s| s.consumer.drain_timeout = ms(0),
+                "consumer.drain_timeout_ms",
+                "not 0",
+            ),
+            (
+                |s| s.database.pool_size = 0,
+                "database.pool_size",
+                "at least 1",
+            ),
+            (
+                |s| s.database.statement_timeout = ms(0),
+                "database.statement_timeout_ms",
+                "not 0",
+            ),
+            (
+                |s| s.database.lock_timeout = ms(0),
+                "database.lock_timeout_ms",
+                "not 0",
+            ),
+            (
+                |s| s.database.connect_timeout = ms(0),
+                "database.connect_timeout_ms",
+                "not 0",
+            ),
+            (
+                |s| s.database.acquire_timeout = ms(0),
+                "database.acquire_timeout_ms",
+                "not 0",
+            ),
+            (
+                |s| s.database.query_timeout = ms(5000),
+                "database.query_timeout_ms",
+                "statement_timeout",
+            ),
+            (
+                |s| s.database.query_timeout = ms(0),
+                "database.query_timeout_ms",
+                "statement_timeout",
+            ),
+            (
+                |s| s.database.cancel_sql = " ".into(),
+                "database.cancel_sql",
+                "empty",
+            ),
+            (
+                |s| s.database.exists_sql = String::new(),
+                "database.exists_sql",
+                "empty",
+            ),
+            (
+                |s| s.sweeper.interval = ms(0),
+                "sweeper.interval_ms",
+                "not 0",
+            ),
+            (
+                |s| s.sweeper.batch_max = 0,
+                "sweeper.batch_max",
+                "at least 1",
+            ),
+            (
+                |s| s.sweeper.sweep_sql = String::new(),
+                "sweeper.sweep_sql",
+                "empty",
+            ),
+            (
+                |s| s.http.ready_timeout = ms(0),
+                "http.ready_timeout_ms",
+                "not 0",
+            ),
+            (|s| s.amqp.timeout = ms(0), "amqp.timeout_ms", "not 0"),
+            (
+                |s| s.amqp.reconnect_initial = ms(0),
+                "amqp.reconnect_initial_ms",
+                "not 0",
+            ),
+            (
+                |s| s.amqp.reconnect_initial = ms(20_000),
+                "amqp.reconnect_initial_ms",
+                "ceiling",
+            ),
+            (|s| s.topology.levels = 0, "topology.levels", "levels"),
+            (|s| s.topology.levels = 40, "topology.levels", "levels"),
+            (
+                |s| s.topology.prefix = "a b".into(),
+                "topology.prefix",
+                "prefix",
+            ),
+            (
+                |s| s.publisher.max_in_flight = 0,
+                "publisher.max_in_flight",
+                "at least 1",
+            ),
+        ];
+        for (change, key, reason) in table {
+            let mut settings = Settings::default();
+            change(&mut settings);
+            let error = settings.validate().expect_err(key);
+            assert_eq!(error.key, *key, "{error}");
+            assert!(error.to_string().contains(reason), "{key}: {error}");
+            assert!(!error.to_string().contains('\n'), "one line: {error}");
+        }
+    }
+
+    #[test]
+    fn the_publisher_checks_only_its_own_keys() {
+        let mut settings = Settings::default();
+        settings.consumer.prefetch = 0;
+        settings.validate_publisher().unwrap();
+        settings.publisher.max_in_flight = 0;
+        assert_eq!(
+            settings.validate_publisher().unwrap_err().key,
+            "publisher.max_in_flight"
+        );
+    }
+
+    #[test]
+    fn a_negative_number_is_refused_while_loading_naming_the_key() {
+        let env = config::Environment::with_prefix(super::super::ENV_PREFIX).source(Some(
+            [("ORDER_EXPIRY__CONSUMER__PREFETCH".into(), "-1".into())].into(),
+        ));
+        let error = Settings::load_with(None, Some(env))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("consumer.prefetch"), "{error}");
+    }
+}
