@@ -5,12 +5,26 @@
 
 mod cli;
 
+use std::process::ExitCode;
+
 use anyhow::Context;
 use clap::Parser;
 use order_expiry::Settings;
 
+/// Runs the command; a failure is one line on stderr (the error and its
+/// causes, e.g. `error: invalid setting consumer.prefetch: ...`) and exit code 1.
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
     let args = cli::Cli::parse();
     let settings = Settings::load(args.config.as_deref()).context("loading settings")?;
     let format = args.log_format.map_or(settings.log.format, Into::into);

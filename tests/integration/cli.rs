@@ -77,3 +77,61 @@ async fn schedule_one_order_with_a_delay() {
     assert_eq!(env.depth(&env.ladder().due_queue()).await, 1);
     env.cleanup().await;
 }
+
+/// Settings that cannot work stop `serve` before it connects anywhere: exit code
+/// 1 and one line naming the setting and the reason (the full table is the unit
+/// test in `src/settings/validate.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_refuses_impossible_settings_with_one_line_naming_the_key() {
+    let cases = [
+        (
+            "ORDER_EXPIRY__CONSUMER__PREFETCH",
+            "0",
+            "invalid setting consumer.prefetch: 0 means unlimited",
+        ),
+        (
+            "ORDER_EXPIRY__CONSUMER__PREFETCH",
+            "-1",
+            "for key `consumer.prefetch`",
+        ),
+        (
+            "ORDER_EXPIRY__PUBLISHER__LEAD_MS",
+            "30000",
+            "invalid setting consumer.max_hold_ms",
+        ),
+        (
+            "ORDER_EXPIRY__CONSUMER__BATCH_MAX",
+            "0",
+            "invalid setting consumer.batch_max",
+        ),
+        (
+            "ORDER_EXPIRY__DATABASE__STATEMENT_TIMEOUT_MS",
+            "9000",
+            "invalid setting database.query_timeout_ms",
+        ),
+        (
+            "ORDER_EXPIRY__SWEEPER__INTERVAL_MS",
+            "0",
+            "invalid setting sweeper.interval_ms",
+        ),
+    ];
+    for (key, value, expected) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_order-expiry"))
+            .arg("serve")
+            .env(key, value)
+            .env("ORDER_EXPIRY__HTTP__LISTEN", "127.0.0.1:0")
+            .env("RUST_BACKTRACE", "1")
+            .stdin(Stdio::null())
+            .output();
+        let out = tokio::time::timeout(std::time::Duration::from_secs(20), out)
+            .await
+            .expect("serve exits at once")
+            .expect("binary runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{key}={value}: {stderr}");
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{key}={value}: one line: {stderr}");
+        assert!(lines[0].starts_with("error: "), "{stderr}");
+        assert!(lines[0].contains(expected), "{key}={value}: {stderr}");
+    }
+}

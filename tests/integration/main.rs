@@ -10,6 +10,7 @@ mod dependencies;
 mod deploy_users;
 mod docs;
 mod http;
+mod isolation;
 mod payments;
 mod poison;
 mod poison_corpus;

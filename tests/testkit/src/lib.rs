@@ -9,6 +9,7 @@
 //! - [`child`]: [`Launch`] / [`Child`]: our binaries as child processes.
 //! - [`served`]: [`Served`]: `order-expiry serve` as a child, its HTTP endpoint.
 //! - [`procfs`]: memory and CPU of processes, from `/proc`.
+//! - [`proxy`]: [`Proxy`]: a TCP proxy that can turn into a black hole.
 //!
 //! To run a test against another broker, build its world with
 //! `World::builder().amqp_port(5673)`, or set `ORDER_EXPIRY_TEST_AMQP_PORT`
@@ -20,12 +21,14 @@
 pub mod child;
 pub mod consumer;
 pub mod procfs;
+pub mod proxy;
 pub mod served;
 pub mod services;
 pub mod world;
 
 pub use self::child::{Child, Launch, settings_env};
 pub use self::consumer::RunningConsumer;
+pub use self::proxy::Proxy;
 pub use self::served::{ReadyWatch, Served, http_get, metric_value};
 pub use self::services::{
     amqp_port, amqp_url, amqp_url_on, at_ms, database, database_url, free_port, rabbitmqctl, vhost,

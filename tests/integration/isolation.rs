@@ -1,0 +1,204 @@
+//! One bad order never holds up the others: a cancel that fails permanently
+//! for one order parks that one message with its SQLSTATE while the rest of its
+//! batch is cancelled on time; a deleted parked queue is declared again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::BasicProperties;
+use lapin::types::AMQPValue;
+use order_expiry::{Outcome, PgOrderStore};
+use order_expiry_testkit::{RunningConsumer, Served, World, at_ms, message};
+
+const ORDERS: usize = 200;
+/// Bound on the lateness of the orders next to the bad one. Measured: the
+/// split takes eight statements of a few ms each (see the FIGURES line).
+const MAX_LATENESS: Duration = Duration::from_secs(1);
+
+/// `ORDERS` unpaid orders due together (one batch of 200), one of them `bad`;
+/// returns what the consumer did and the parked copy's reason.
+async fn one_bad_order_among_many(env: &World, ids: &[String], bad: &str) -> String {
+    let due = at_ms(1500);
+    let orders: Vec<_> = ids.iter().map(|id| (id.clone(), due)).collect();
+    env.create_orders(&orders).await;
+    let due = env.order(bad).await.1;
+    let messages: Vec<_> = ids.iter().map(|id| message(id, due)).collect();
+    env.publish_messages(&messages).await; // held until due: they come due at once
+    // A store of its own: the test may have changed the statements.
+    let store = Arc::new(PgOrderStore::new(&env.settings).expect("store"));
+    let mut consumer = RunningConsumer::start(&env.settings, store);
+    let handled = consumer.next_n(ORDERS, Duration::from_secs(20)).await;
+    let parked: Vec<_> = handled
+        .iter()
+        .filter(|h| h.outcome == Outcome::Parked)
+        .collect();
+    assert_eq!(parked.len(), 1, "parked");
+    let cancelled = handled
+        .iter()
+        .filter(|h| h.outcome == Outcome::Cancelled)
+        .count();
+    assert_eq!(cancelled, ORDERS - 1);
+    consumer.expect_quiet(Duration::from_millis(300)).await;
+    consumer.stop().await;
+
+    let rows = env.orders().await.expect("orders");
+    assert_eq!(rows[bad].status, "unpaid", "the bad order was not changed");
+    let lateness = rows
+        .iter()
+        .filter(|(id, _)| id.as_str() != bad)
+        .map(|(id, row)| {
+            assert_eq!(row.status, "cancelled", "{id}");
+            (row.cancelled_at.expect("cancelled_at") - row.pay_deadline)
+                .to_std()
+                .expect("never early")
+        })
+        .max()
+        .expect("orders");
+    eprintln!(
+        "FIGURES one permanent failure among {ORDERS}: parked 1, cancelled {cancelled}, max lateness of the others {} ms",
+        lateness.as_millis()
+    );
+    assert!(lateness <= MAX_LATENESS, "others late by {lateness:?}");
+
+    let parked = env
+        .get(&env.ladder().parked_queue())
+        .await
+        .expect("the parked copy");
+    assert!(String::from_utf8_lossy(&parked.delivery.data).contains(bad));
+    assert_eq!(env.depth(&env.ladder().due_queue()).await, 0);
+    match parked
+        .delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get("x-parked-reason").cloned())
+    {
+        Some(AMQPValue::LongString(reason)) => reason.to_string(),
+        other => panic!("no x-parked-reason: {other:?}"),
+    }
+}
+
+/// A rule of the user's schema one order breaks: a CHECK on the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_violation_parks_that_order_and_the_rest_of_its_batch_is_cancelled_on_time() {
+    let env = World::new().await;
+    let client = env.store.client().await.expect("database");
+    client
+        .batch_execute(
+            "ALTER TABLE orders ADD CONSTRAINT never_cancel_disputed \
+             CHECK (status <> 'cancelled' OR id NOT LIKE 'disputed-%')",
+        )
+        .await
+        .expect("constraint");
+    let mut ids: Vec<String> = (0..ORDERS - 1).map(|i| format!("ok-{i}")).collect();
+    ids.insert(57, "disputed-1".into());
+    let reason = one_bad_order_among_many(&env, &ids, "disputed-1").await;
+    assert!(
+        reason.starts_with("cancel failed permanently: SQLSTATE 23514: ")
+            && reason.contains("never_cancel_disputed"),
+        "{reason}"
+    );
+    env.cleanup().await;
+}
+
+/// A custom `cancel_sql` for a schema whose ids are uuids (the ids are cast, as
+/// a `uuid` column would make them) gets an id that is not one: SQLSTATE 22P02
+/// on every try of every batch holding it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_the_custom_statement_cannot_cast_is_parked_with_22p02() {
+    let mut env = World::new().await;
+    env.settings.database.cancel_sql =
+        "UPDATE orders SET status = 'cancelled', cancelled_at = now() \
+        WHERE id = ANY($1::text[]::uuid[]::text[]) AND status = 'unpaid' RETURNING id"
+            .into();
+    let mut ids: Vec<String> = (0..ORDERS - 1)
+        .map(|_| uuid::Uuid::new_v4().to_string())
+        .collect();
+    ids.insert(120, "o-1".into());
+    let reason = one_bad_order_among_many(&env, &ids, "o-1").await;
+    assert_eq!(
+        reason,
+        "cancel failed permanently: SQLSTATE 22P02: invalid input syntax for type uuid: \"o-1\""
+    );
+    env.cleanup().await;
+}
+
+/// An operator deletes `P.parked` to clear it; then poison arrives. The park
+/// comes back unroutable, the consumer declares its queues again (counted),
+/// parks it, and cancels go on meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_parked_queue_is_declared_again_and_the_poison_parked() {
+    let env = World::new().await;
+    let log = std::env::temp_dir().join(format!("order-expiry-parked-{}.log", env.id));
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_order-expiry"));
+    let served = Served::start(binary, &env.settings, &[], log).await;
+    served.wait_ready(Duration::from_secs(30)).await;
+    let parked_queue = env.ladder().parked_queue();
+    env.channel()
+        .await
+        .queue_delete(parked_queue.as_str().into(), Default::default())
+        .await
+        .expect("delete the parked queue");
+
+    let due = at_ms(500);
+    let orders: Vec<_> = (0..20).map(|i| (format!("pk-{i}"), due)).collect();
+    env.create_orders(&orders).await;
+    let due = env.order("pk-0").await.1;
+    let json = BasicProperties::default().with_content_type("application/json".into());
+    env.publish_due(b"{poison", json).await;
+    let messages: Vec<_> = orders.iter().map(|(id, _)| message(id, due)).collect();
+    env.publish_messages(&messages).await;
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let repairs = loop {
+        let repairs = served
+            .metric("order_expiry_repairs_total{what=\"parked\"}")
+            .await;
+        let parked = served.metric("order_expiry_parked_total").await;
+        if repairs >= 1.0 && parked >= 1.0 {
+            break repairs;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not parked after a repair within 10 s (repairs {repairs}, parked {parked}):\n{}",
+            served.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        env.depth(&parked_queue).await,
+        1,
+        "the poison is in P.parked"
+    );
+    let parked = env.get(&parked_queue).await.expect("the parked copy");
+    assert_eq!(&parked.delivery.data[..], b"{poison");
+
+    let rows = loop {
+        let rows = env.orders().await.expect("orders");
+        if rows.values().all(|row| row.status == "cancelled") {
+            break rows;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not all cancelled: {rows:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let worst = rows
+        .values()
+        .map(|row| {
+            assert_eq!(row.status, "cancelled");
+            (row.cancelled_at.expect("cancelled_at") - row.pay_deadline)
+                .to_std()
+                .expect("never early")
+        })
+        .max()
+        .expect("orders");
+    eprintln!(
+        "FIGURES parked queue deleted: repairs {repairs}, poison parked, 20 cancelled, max lateness {} ms",
+        worst.as_millis()
+    );
+    assert!(worst <= MAX_LATENESS, "cancels late by {worst:?}");
+    drop(served);
+    env.cleanup().await;
+}
