@@ -13,5 +13,6 @@ mod broker_restart;
 mod consumer_kill;
 mod database_outage;
 mod graceful_shutdown;
+mod isolation;
 mod payment_race;
 mod support;

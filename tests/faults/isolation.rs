@@ -1,0 +1,284 @@
+//! Scenarios 5-7: one order, one silent connection or one deleted queue never
+//! stalls the rest.
+//!
+//! - a payment holds one order's row lock for 30 s among 500 due orders;
+//! - the database's address goes silent for 60 s (a black-holing proxy: bytes
+//!   accepted, nothing answered), which a clean `pg_ctl stop` never shows;
+//! - an operator deletes the due queue while orders are in the ladder.
+
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use order_expiry_testkit::Proxy;
+use secrecy::ExposeSecret;
+
+use crate::support::{Ledger, ReadyWatch, World, at_ms, order, settle};
+
+/// Lateness bound for the orders that share nothing with the fault.
+const MAX_LATENESS: Duration = Duration::from_secs(1);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_order_locked_for_thirty_seconds_holds_up_no_other() {
+    const ORDERS: usize = 500;
+    const LOCK: Duration = Duration::from_secs(30);
+    // The locked order is retried alone at most every consumer.retry_max_ms
+    // (1 s here) while its row is locked.
+    const AFTER_RELEASE: Duration = Duration::from_millis(2500);
+    let world = World::new("row lock").await;
+    let served = world
+        .serve(&[("ORDER_EXPIRY__CONSUMER__RETRY_MAX_MS", "1000")])
+        .await;
+    served.wait_ready(Duration::from_secs(30)).await;
+
+    // Due 3.0-3.5 s from now: they come due together and share batches.
+    let orders: Vec<_> = (0..ORDERS)
+        .map(|i| order(format!("lock-{i}"), at_ms(3000 + i as i64)))
+        .collect();
+    world.create_orders(&orders).await;
+    let locked = "lock-250";
+    let lock = world.lock_rows(&[locked]).await;
+    let locked_at = Instant::now();
+    let scheduler = world.scheduler();
+    let scheduled = scheduler
+        .schedule_many(orders.iter().map(|(id, due)| (id.clone(), *due)))
+        .await;
+    assert!(scheduled.iter().all(Result::is_ok), "all scheduled");
+    let mut others = Ledger::default();
+    for (id, due) in orders.iter().filter(|(id, _)| id != locked) {
+        others.add(id, *due, true, false);
+    }
+    let figures = settle(&world, &others, Duration::from_secs(20)).await;
+    figures.assert_invariants();
+    assert!(
+        figures.max_lateness <= MAX_LATENESS,
+        "the other orders waited for the lock: {figures:?}"
+    );
+
+    // The locked one stays unpaid while the payment holds it...
+    tokio::time::sleep(LOCK.saturating_sub(locked_at.elapsed())).await;
+    assert_eq!(
+        world.order(locked).await.0,
+        "unpaid",
+        "cancelled through a lock"
+    );
+    let released_at = Utc::now();
+    lock.release().await;
+    let released = Instant::now();
+    // ... and is cancelled soon after it is released (the payment rolled back).
+    let deadline = released + AFTER_RELEASE;
+    let cancelled_at = loop {
+        let (status, _, cancelled_at) = world.order(locked).await;
+        if status == "cancelled" {
+            break cancelled_at.expect("cancelled_at");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not cancelled {AFTER_RELEASE:?} after the release"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(cancelled_at >= released_at, "cancelled before the release");
+    let retries = served.metric("order_expiry_retries_total").await;
+    figures.print(
+        "row lock",
+        &format!(
+            "one order locked for {} s among {ORDERS}: the other {} cancelled, max lateness {} ms; \
+             the locked one cancelled {} ms after the release; retries {retries}",
+            LOCK.as_secs(),
+            figures.cancelled,
+            figures.max_lateness.as_millis(),
+            (cancelled_at - released_at).num_milliseconds(),
+        ),
+    );
+    scheduler.close().await;
+    drop(served);
+    world.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_database_for_a_minute_loses_nothing_and_does_not_spin() {
+    const ORDERS: usize = 600;
+    const SILENCE: Duration = Duration::from_secs(60);
+    /// `/readyz` waits http.ready_timeout_ms (2 s) for SELECT 1; sampled every 100 ms.
+    const NOT_READY_WITHIN: Duration = Duration::from_millis(3500);
+    /// After the route returns: a statement in flight on a silent connection is
+    /// closed by the proxy (or ends at query_timeout_ms, 6 s), then the
+    /// batch's backoff (at most consumer.retry_max_ms, 1 s here).
+    const SETTLED_WITHIN: Duration = Duration::from_secs(10);
+    /// A busy loop would use the whole minute.
+    const MAX_CPU_SECONDS: f64 = 3.0;
+    let world = World::new("database blackhole").await;
+    let proxy = Proxy::start(([127, 0, 0, 1], 5432).into()).await;
+    let url = world
+        .settings
+        .database
+        .url
+        .expose_secret()
+        .replace("127.0.0.1:5432", &proxy.addr().to_string());
+    let mut served = world
+        .serve(&[
+            ("ORDER_EXPIRY__DATABASE__URL", &url),
+            ("ORDER_EXPIRY__CONSUMER__RETRY_MAX_MS", "1000"),
+        ])
+        .await;
+    served.wait_ready(Duration::from_secs(30)).await;
+    let watch = ReadyWatch::start(&served);
+
+    // Due every 100 ms from 2 s to 62 s: most come due while the database is silent.
+    let orders: Vec<_> = (0..ORDERS)
+        .map(|i| order(format!("bh-{i}"), at_ms(2000 + i as i64 * 100)))
+        .collect();
+    world.create_orders(&orders).await;
+    let scheduler = world.scheduler();
+    let scheduled = scheduler
+        .schedule_many(orders.iter().map(|(id, due)| (id.clone(), *due)))
+        .await;
+    let mut ledger = Ledger::default();
+    for (i, ((id, due), ok)) in orders.iter().zip(&scheduled).enumerate() {
+        let paid = i % 4 == 0 && world.store.pay(id).await.expect("pay");
+        ledger.add(id, *due, ok.is_ok(), paid);
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+
+    proxy.blackhole();
+    let silent_at = Instant::now();
+    let not_ready_at = watch
+        .wait_for(503, silent_at, Duration::from_secs(10))
+        .await;
+    let cpu_before = served.cpu_seconds();
+    let measured_from = Instant::now();
+    tokio::time::sleep(SILENCE.saturating_sub(silent_at.elapsed())).await;
+    let cpu = served.cpu_seconds() - cpu_before;
+    let measured = measured_from.elapsed();
+    assert!(served.running(), "the consumer exited during the silence");
+    let before_restore = Instant::now();
+    proxy.restore();
+    let back_at = Instant::now();
+    let ready_at = watch.wait_for(200, back_at, Duration::from_secs(30)).await;
+    let during = watch.between(not_ready_at, before_restore);
+    assert!(
+        during.iter().all(|s| *s != 200),
+        "/readyz said 200 while the database was silent"
+    );
+    let figures = settle(&world, &ledger, Duration::from_secs(30)).await;
+    let settled = back_at.elapsed();
+    figures.assert_invariants();
+    let not_ready = not_ready_at - silent_at;
+    let retries = served.metric("order_expiry_retries_total").await;
+    figures.print(
+        "database blackhole",
+        &format!(
+            "database silent {:.1} s (proxy accepts, answers nothing): /readyz 503 {:.1} s after; \
+             consumer CPU {cpu:.2} s over {:.1} s of it; retries {retries}; ready again {:.1} s and \
+             everything settled {:.1} s after the route returned",
+            (back_at - silent_at).as_secs_f64(),
+            not_ready.as_secs_f64(),
+            measured.as_secs_f64(),
+            (ready_at - back_at).as_secs_f64(),
+            settled.as_secs_f64(),
+        ),
+    );
+    assert!(
+        not_ready <= NOT_READY_WITHIN,
+        "/readyz 503 only after {not_ready:?}"
+    );
+    assert!(
+        cpu < MAX_CPU_SECONDS,
+        "{cpu:.2} s CPU over {measured:?}: a hot loop"
+    );
+    assert!(
+        settled <= SETTLED_WITHIN,
+        "settled {settled:?} after the route returned"
+    );
+    scheduler.close().await;
+    drop(watch);
+    drop(served);
+    world.cleanup().await;
+}
+
+/// Scenario 7, with the short-grace sweeper as the bound: the broker cannot
+/// route what it dead-letters into the due exchange while the queue is gone
+/// (at-least-once dead-lettering keeps it and retries only after
+/// `dead_letter_worker_publisher_confirm_timeout`, 180 s stock), so the
+/// sweeper cancels those from the database `grace` after their due time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_due_queue_is_declared_again_and_nothing_is_lost() {
+    let figures = due_queue_deleted(true).await;
+    // Sweeper: every 1 s, 3 s grace.
+    let bound = Duration::from_secs(3 + 1 + 2);
+    assert!(figures.max_lateness <= bound, "{figures:?}");
+}
+
+/// What the broker does without the sweeper: figures only (`--ignored`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement: waits for RabbitMQ's dead-letter retry (180 s stock)"]
+async fn a_deleted_due_queue_without_the_sweeper() {
+    due_queue_deleted(false).await;
+}
+
+async fn due_queue_deleted(sweeper: bool) -> crate::support::Figures {
+    const ORDERS: usize = 300;
+    let world = World::new("due queue deleted").await;
+    let enabled = sweeper.to_string();
+    let served = world
+        .serve(&[
+            ("ORDER_EXPIRY__SWEEPER__ENABLED", enabled.as_str()),
+            ("ORDER_EXPIRY__SWEEPER__INTERVAL_MS", "1000"),
+            ("ORDER_EXPIRY__SWEEPER__GRACE_MS", "3000"),
+        ])
+        .await;
+    served.wait_ready(Duration::from_secs(30)).await;
+    // Due every 30 ms from 2 s to 11 s, through the ladder.
+    let orders: Vec<_> = (0..ORDERS)
+        .map(|i| order(format!("dq-{i}"), at_ms(2000 + i as i64 * 30)))
+        .collect();
+    world.create_orders(&orders).await;
+    let scheduler = world.scheduler();
+    let scheduled = scheduler
+        .schedule_many(orders.iter().map(|(id, due)| (id.clone(), *due)))
+        .await;
+    let mut ledger = Ledger::default();
+    for (i, ((id, due), ok)) in orders.iter().zip(&scheduled).enumerate() {
+        let paid = i % 4 == 0 && world.store.pay(id).await.expect("pay");
+        ledger.add(id, *due, ok.is_ok(), paid);
+    }
+    tokio::time::sleep(Duration::from_millis(4000)).await;
+    let due_queue = world.ladder().due_queue();
+    world
+        .channel()
+        .await
+        .queue_delete(due_queue.as_str().into(), Default::default())
+        .await
+        .expect("delete the due queue");
+    let deleted_at = Instant::now();
+    let timeout = Duration::from_secs(if sweeper { 30 } else { 240 });
+    let figures = settle(&world, &ledger, timeout).await;
+    let settled = deleted_at.elapsed();
+    let repairs = served
+        .metric("order_expiry_repairs_total{what=\"due\"}")
+        .await;
+    let swept = served.metric("order_expiry_swept_total").await;
+    let reconnects = served.metric("order_expiry_reconnects_total").await;
+    figures.print(
+        if sweeper {
+            "due queue deleted (sweeper 1 s / 3 s grace)"
+        } else {
+            "due queue deleted (sweeper off)"
+        },
+        &format!(
+            "repairs {repairs}, reconnects {reconnects}, swept {swept}, settled {:.1} s after the \
+             deletion; queues now: {}",
+            settled.as_secs_f64(),
+            world.queue_report()
+        ),
+    );
+    figures.assert_invariants();
+    assert!(
+        repairs >= 1.0,
+        "the consumer never re-declared the due queue"
+    );
+    scheduler.close().await;
+    drop(served);
+    world.cleanup().await;
+    figures
+}
