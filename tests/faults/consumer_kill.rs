@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::{Ledger, World, at_ms, messages, order, settle};
+use crate::support::{Ledger, WAITING_CANCEL, World, at_ms, messages, order, settle};
 
 /// Orders early enough to be held unacked until due when the consumer dies.
 const HELD: usize = 300;
@@ -18,7 +18,8 @@ const LADDER: usize = 150;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumer_killed_holding_unacked_messages_loses_nothing_and_cancels_once() {
     let world = World::new("consumer kill -9").await;
-    let mut first = world.serve(&[]).await;
+    // Its cancel must block on the locked rows: the statement that waits.
+    let mut first = world.serve(&WAITING_CANCEL).await;
     first.wait_ready(Duration::from_secs(30)).await;
 
     let held: Vec<_> = (0..HELD)

@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use crate::support::{Ledger, World, at_ms, messages, order, settle};
+use crate::support::{Ledger, WAITING_CANCEL, World, at_ms, messages, order, settle};
 use chrono::Utc;
 
 /// Due at once, published in bursts while the consumer works through them.
@@ -134,7 +134,9 @@ async fn sigterm_with_cancels_stuck_in_the_database_exits_at_the_drain_timeout()
     let world = World::new("shutdown with stuck cancels").await;
     let drain = SHORT_DRAIN_MS.to_string();
     let env = [("ORDER_EXPIRY__CONSUMER__DRAIN_TIMEOUT_MS", drain.as_str())];
-    let mut first = world.serve(&env).await;
+    // Its cancels must block on the locked rows: the statement that waits.
+    let stuck_env = [&env[..], &WAITING_CANCEL[..]].concat();
+    let mut first = world.serve(&stuck_env).await;
     first.wait_ready(Duration::from_secs(30)).await;
 
     let stuck: Vec<_> = (0..STUCK)

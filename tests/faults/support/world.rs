@@ -138,6 +138,19 @@ impl World {
     }
 }
 
+/// Settings of a `serve` whose cancel statement waits for row locks instead of
+/// skipping them (the default skips): for the tests that need a cancel stuck in
+/// the database. `lock_timeout_ms` 4.5 s keeps it waiting until the statement
+/// timeout (5 s) is near.
+pub const WAITING_CANCEL: [(&str, &str); 2] = [
+    (
+        "ORDER_EXPIRY__DATABASE__CANCEL_SQL",
+        "UPDATE orders SET status = 'cancelled', cancelled_at = now() \
+         WHERE id = ANY($1) AND status = 'unpaid' RETURNING id",
+    ),
+    ("ORDER_EXPIRY__DATABASE__LOCK_TIMEOUT_MS", "4500"),
+];
+
 /// Row locks held open by a test ([`World::lock_rows`]).
 pub struct RowLock {
     client: tokio_postgres::Client,
