@@ -312,6 +312,11 @@ async fn imported_users_have_least_privilege_and_suffice() {
             (Some("lp-past".into()), Outcome::Cancelled),
         ]
     );
+    // Quorum queue counters reach `list_queues` a moment after the confirm.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while imported.ready("orders.parked") != 1 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert_eq!(imported.ready("orders.parked"), 1);
 
     // The consumer cannot publish into the ladder, not even into the due exchange
