@@ -21,9 +21,11 @@
 //! - The broker's topology: [`Topology::describe`] / [`Topology::declare`] and
 //!   [`definitions_json`], for `topology apply` and `export` done in code.
 //! - Running the consumer service: [`Service::build`] and [`Service::run`] with
-//!   [`shutdown_on_signal`]; or its parts, [`Consumer`] with an [`OrderStore`]
-//!   such as [`PgOrderStore`], and [`Sweeper`]. [`on_arrival`] and
-//!   [`cancel_batch`] are its pure decision and its unit of work, for tests.
+//!   [`shutdown_on_signal`]; or its parts, [`Consumer`] with an [`Action`]
+//!   (every [`OrderStore`] such as [`PgOrderStore`] is one; [`HttpAction`] and
+//!   [`EventAction`] are the others, [`ConfiguredAction`] the one the settings
+//!   pick), and [`Sweeper`]. [`on_arrival`] is its pure decision on arrival,
+//!   [`Action::expire`] its unit of work, for tests.
 //!
 //! # Layout
 //!
@@ -32,7 +34,8 @@
 //! - `amqp`: bounded, password-safe connect with TLS; the one timeout for broker awaits.
 //! - `settings`: typed [`Settings`]: `config/default.toml`, a file, `ORDER_EXPIRY__…` variables.
 //! - `telemetry`: the metrics catalog; with `service`, the tracing subscriber and Prometheus recorder.
-//! - `service` (feature): consumer session, acks, orders store, sweeper, HTTP, shutdown.
+//! - `service` (feature): consumer session, acks, actions (SQL, HTTP, events) and the
+//!   payment check, orders store, sweeper, HTTP, shutdown.
 //!
 //! The `order-expiry` binary adds `cli` (`serve`, `schedule`, `topology`,
 //! `migrate`, `demo`) on top of this API; the benchmarks are the workspace
@@ -55,12 +58,14 @@ pub use crate::publisher::{
 };
 #[cfg(feature = "service")]
 pub use crate::service::{
-    Arrival, Consumer, ConsumerError, Disposition, FailureClass, Handled, OrderStore, Outcome,
-    PgOrderStore, Readiness, Service, ServiceError, StoreError, Sweeper, cancel_batch, classify,
-    on_arrival, shutdown_on_signal,
+    Action, ActionError, Arrival, BuildError, CheckAnswer, ConfiguredAction, Consumer,
+    ConsumerError, Disposition, EventAction, Expiring, FailureClass, Handled, HttpAction,
+    OrderStore, Outcome, PaymentCheck, PgOrderStore, Readiness, Service, ServiceError, StoreError,
+    Sweeper, Verdict, classify, on_arrival, shutdown_on_signal,
 };
 pub use crate::settings::{
-    AmqpSettings, ConsumerSettings, DatabaseSettings, ENV_PREFIX, HttpSettings, InvalidSetting,
+    ActionKind, ActionSettings, AmqpActionSettings, AmqpSettings, CheckSettings, ConsumerSettings,
+    DatabaseSettings, ENV_PREFIX, FinalOutcome, HttpActionSettings, HttpSettings, InvalidSetting,
     LogFormat, LogSettings, PublisherSettings, QueueType, Settings, SweeperSettings,
     TopologySettings,
 };

@@ -3,10 +3,12 @@
 
 mod bounded;
 mod connect;
+mod link;
 mod tls;
 
 pub use self::bounded::BrokerError;
 pub(crate) use self::bounded::bounded;
 pub use self::connect::ConnectError;
 pub(crate) use self::connect::connect;
+pub(crate) use self::link::{ConfirmLink, LinkError};
 pub use self::tls::{TlsError, TlsFiles};

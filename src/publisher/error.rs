@@ -6,7 +6,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 use super::order_id::InvalidOrderId;
-use crate::amqp::{BrokerError, ConnectError};
+use crate::amqp::{BrokerError, ConnectError, LinkError};
 use crate::settings::InvalidSetting;
 use crate::topology::{DelayTooLong, LadderError};
 
@@ -83,6 +83,15 @@ impl From<BrokerError> for ScheduleError {
 
 /// An [`OrderId`](super::OrderId) passed where an id is converted needs no
 /// check: this conversion cannot happen.
+impl From<LinkError> for ScheduleError {
+    fn from(error: LinkError) -> Self {
+        match error {
+            LinkError::Connect(e) => e.into(),
+            LinkError::Broker(e) => e.into(),
+        }
+    }
+}
+
 impl From<Infallible> for ScheduleError {
     fn from(never: Infallible) -> Self {
         match never {}

@@ -1,8 +1,17 @@
 //! The v1 wire format: `{"v": 1, "order_id": "...", "due_at": "RFC 3339, UTC, ms"}`.
 //!
+//! Three optional fields are written only by the consumer, when it sends a
+//! message through the ladder again (a payment still pending at the gateway, an
+//! order not found yet): `check_step`, `unknown_rechecks` and `not_before`. A
+//! message without them is step 0, never re-checked, due at `due_at`; a consumer
+//! that does not know them ignores them (unknown fields are ignored) and treats
+//! the message as an ordinary due one.
+//!
 //! Decoding never panics and never guesses: anything that is not a valid v1 message
 //! is a [`Malformed`] whose text becomes the `x-parked-reason` header, so a person
 //! reading the parked queue knows exactly what was wrong.
+
+use std::io::Write as _;
 
 use chrono::{DateTime, Datelike, SecondsFormat, TimeDelta, Utc};
 use serde_json::{Map, Value};
@@ -20,6 +29,15 @@ pub struct ExpiryMessage {
     pub order_id: OrderId,
     /// When the payment window closes; never processed before this instant.
     pub due_at: DateTime<Utc>,
+    /// The payment check to run next (`check_step`; 0, the first, when absent):
+    /// how many times the gateway already answered `pending`.
+    pub check_step: u32,
+    /// How many times the order was looked for again after it was not found
+    /// (`unknown_rechecks`; 0 when absent): its INSERT may not have committed.
+    pub unknown_rechecks: u32,
+    /// A message sent through the ladder again is not processed before this
+    /// instant (`not_before`); `None`: at `due_at`.
+    pub not_before: Option<DateTime<Utc>>,
 }
 
 /// Why a body is not a message we can ever process. The `Display` text is the
@@ -66,9 +84,11 @@ pub enum Malformed {
     /// An order id that breaks the contract.
     #[error("invalid order_id: {0}")]
     OrderId(InvalidOrderId),
-    /// A due time that is not RFC 3339.
-    #[error("invalid due_at {value:?}: {error}")]
-    DueAt {
+    /// A time (`due_at`, `not_before`) that is not RFC 3339.
+    #[error("invalid {field} {value:?}: {error}")]
+    Time {
+        /// The field.
+        field: &'static str,
         /// The text found.
         value: String,
         /// What the parser said.
@@ -96,6 +116,26 @@ impl ExpiryMessage {
         Self {
             order_id,
             due_at: ceil_to_millis(due_at),
+            check_step: 0,
+            unknown_rechecks: 0,
+            not_before: None,
+        }
+    }
+
+    /// When the consumer may process it: `due_at`, or a later `not_before`.
+    pub fn process_at(&self) -> DateTime<Utc> {
+        match self.not_before {
+            Some(at) if at > self.due_at => at,
+            _ => self.due_at,
+        }
+    }
+
+    /// The same order and due time, to be looked at again from `not_before`
+    /// on (rounded up to the millisecond); the step counters are the caller's.
+    pub fn again_at(&self, not_before: DateTime<Utc>) -> Self {
+        Self {
+            not_before: Some(ceil_to_millis(not_before)),
+            ..self.clone()
         }
     }
 
@@ -107,12 +147,26 @@ impl ExpiryMessage {
     pub fn encode(&self) -> Vec<u8> {
         let due_at = self.due_at.to_rfc3339_opts(SecondsFormat::Millis, true);
         let mut body = Vec::with_capacity(48 + due_at.len() + self.order_id.len());
-        body.extend_from_slice(b"{\"due_at\":\"");
+        // Keys in sorted order; the optional ones only when set, so that what
+        // the publisher writes is exactly the contract's three fields.
+        if self.check_step > 0 {
+            let _ = write!(body, "{{\"check_step\":{},", self.check_step);
+        } else {
+            body.push(b'{');
+        }
+        body.extend_from_slice(b"\"due_at\":\"");
         body.extend_from_slice(due_at.as_bytes());
+        if let Some(at) = self.not_before {
+            let at = at.to_rfc3339_opts(SecondsFormat::Millis, true);
+            let _ = write!(body, "\",\"not_before\":\"{at}");
+        }
         body.extend_from_slice(b"\",\"order_id\":");
         // Writing a `&str` or a number into a `Vec` cannot fail.
         let _ = serde_json::to_writer(&mut body, self.order_id.as_str());
-        let _ = std::io::Write::write_fmt(&mut body, format_args!(",\"v\":{VERSION}}}"));
+        if self.unknown_rechecks > 0 {
+            let _ = write!(body, ",\"unknown_rechecks\":{}", self.unknown_rechecks);
+        }
+        let _ = write!(body, ",\"v\":{VERSION}}}");
         body
     }
 
@@ -147,23 +201,65 @@ impl ExpiryMessage {
         check_version(&fields)?;
         let order_id =
             OrderId::new(string_field(&fields, "order_id")?).map_err(Malformed::OrderId)?;
-        let due_at_text = string_field(&fields, "due_at")?;
-        let due_at = DateTime::parse_from_rfc3339(due_at_text)
-            .map_err(|e| Malformed::DueAt {
-                value: due_at_text.chars().take(64).collect(),
-                error: e.to_string(),
-            })?
-            .with_timezone(&Utc);
-        // RFC 3339 has four-digit years; an offset (or rounding up to the
-        // millisecond) can push a time at either end out of them in UTC, and such
-        // a due time could not be written back.
-        if !(0..=9999).contains(&ceil_to_millis(due_at).year()) {
-            return Err(Malformed::DueAt {
-                value: due_at_text.chars().take(64).collect(),
-                error: "outside the years 0000-9999 in UTC".to_owned(),
-            });
+        let due_at = time_field(string_field(&fields, "due_at")?, "due_at")?;
+        let not_before = match fields.get("not_before") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(text)) => Some(time_field(text, "not_before")?),
+            Some(_) => {
+                return Err(Malformed::WrongType {
+                    field: "not_before",
+                    expected: "a string",
+                });
+            }
+        };
+        Ok(Self {
+            order_id,
+            due_at,
+            check_step: count_field(&fields, "check_step")?,
+            unknown_rechecks: count_field(&fields, "unknown_rechecks")?,
+            not_before,
+        })
+    }
+}
+
+/// An RFC 3339 time, in UTC.
+fn time_field(text: &str, field: &'static str) -> Result<DateTime<Utc>, Malformed> {
+    let at = DateTime::parse_from_rfc3339(text)
+        .map_err(|e| Malformed::Time {
+            field,
+            value: text.chars().take(64).collect(),
+            error: e.to_string(),
+        })?
+        .with_timezone(&Utc);
+    // RFC 3339 has four-digit years; an offset (or rounding up to the
+    // millisecond) can push a time at either end out of them in UTC, and such
+    // a time could not be written back.
+    if !(0..=9999).contains(&ceil_to_millis(at).year()) {
+        return Err(Malformed::Time {
+            field,
+            value: text.chars().take(64).collect(),
+            error: "outside the years 0000-9999 in UTC".to_owned(),
+        });
+    }
+    Ok(at)
+}
+
+/// An optional non-negative integer field; 0 when absent.
+fn count_field(fields: &Map<String, Value>, field: &'static str) -> Result<u32, Malformed> {
+    match fields.get(field) {
+        None | Some(Value::Null) => Ok(0),
+        Some(Value::Number(n)) => {
+            n.as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or(Malformed::WrongType {
+                    field,
+                    expected: "an integer from 0 to 4294967295",
+                })
         }
-        Ok(Self { order_id, due_at })
+        Some(_) => Err(Malformed::WrongType {
+            field,
+            expected: "an integer",
+        }),
     }
 }
 
@@ -246,6 +342,52 @@ mod tests {
     fn round_trips() {
         let msg = ExpiryMessage::new(id("ü-ß-1"), at("2026-11-30T10:00:00.123Z"));
         assert_eq!(decode(&msg.encode()).unwrap(), msg);
+    }
+
+    #[test]
+    fn the_optional_fields_round_trip_and_are_written_only_when_set() {
+        let plain = ExpiryMessage::new(id("A-1"), at("2026-11-30T10:00:00Z"));
+        let mut again = plain.again_at(at("2026-11-30T10:00:03.0001Z"));
+        again.check_step = 2;
+        again.unknown_rechecks = 1;
+        let text = String::from_utf8(again.encode()).unwrap();
+        assert_eq!(
+            text,
+            r#"{"check_step":2,"due_at":"2026-11-30T10:00:00.000Z","not_before":"2026-11-30T10:00:03.001Z","order_id":"A-1","unknown_rechecks":1,"v":1}"#
+        );
+        let decoded = decode(text.as_bytes()).unwrap();
+        assert_eq!(decoded, again);
+        assert_eq!(decoded.process_at(), at("2026-11-30T10:00:03.001Z"));
+        assert_eq!(plain.process_at(), plain.due_at);
+        // A v1 message without them is step 0, never re-checked, due at due_at.
+        let old = decode(br#"{"v":1,"order_id":"A-1","due_at":"2026-11-30T10:00:00Z"}"#).unwrap();
+        assert_eq!(old, plain);
+    }
+
+    #[test]
+    fn bad_optional_fields_are_refused_with_a_precise_reason() {
+        let cases: [(&[u8], &str); 4] = [
+            (
+                br#"{"v":1,"order_id":"x","due_at":"2026-11-30T10:00:00Z","check_step":-1}"#,
+                "\"check_step\" must be an integer from 0",
+            ),
+            (
+                br#"{"v":1,"order_id":"x","due_at":"2026-11-30T10:00:00Z","unknown_rechecks":"1"}"#,
+                "\"unknown_rechecks\" must be an integer",
+            ),
+            (
+                br#"{"v":1,"order_id":"x","due_at":"2026-11-30T10:00:00Z","not_before":7}"#,
+                "\"not_before\" must be a string",
+            ),
+            (
+                br#"{"v":1,"order_id":"x","due_at":"2026-11-30T10:00:00Z","not_before":"soon"}"#,
+                "invalid not_before \"soon\"",
+            ),
+        ];
+        for (body, reason) in cases {
+            let err = decode(body).expect_err(reason).to_string();
+            assert!(err.contains(reason), "{err:?} should contain {reason:?}");
+        }
     }
 
     #[test]

@@ -14,4 +14,6 @@ mod scheduler;
 pub use self::error::ScheduleError;
 pub use self::message::{ExpiryMessage, Malformed};
 pub use self::order_id::{InvalidOrderId, OrderId};
+#[cfg_attr(not(feature = "service"), allow(unused_imports))]
+pub(crate) use self::scheduler::Outgoing;
 pub use self::scheduler::{Scheduled, Scheduler};

@@ -6,23 +6,21 @@
 //! long, invalid order id). The connection is opened lazily and re-opened on the
 //! next call after it drops.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::{Stream, StreamExt};
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::{BasicProperties, Channel, Confirmation, Connection};
+use lapin::options::BasicPublishOptions;
+use lapin::{BasicProperties, Channel, Confirmation};
 use secrecy::SecretString;
-use tokio::sync::Mutex;
 
 use super::error::ScheduleError;
 use super::message::ExpiryMessage;
 use super::order_id::OrderId;
-use crate::amqp::{self, BrokerError, TlsFiles};
+use crate::amqp::{self, BrokerError, ConfirmLink, TlsFiles};
 use crate::settings::{Settings, redact_url};
 use crate::telemetry::SCHEDULE_TOTAL;
-use crate::topology::{Ladder, Route};
+use crate::topology::{DelayTooLong, Ladder, Route};
 
 /// What the broker confirmed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,17 +32,6 @@ pub struct Scheduled {
     /// Where it entered the ladder.
     pub route: Route,
 }
-
-/// One connection and its confirm-mode channel.
-struct Link {
-    connection: Connection,
-    channel: Channel,
-    /// Tells links apart: channel ids repeat across connections.
-    id: u64,
-}
-
-/// Source of [`Link::id`]s.
-static LINKS: AtomicU64 = AtomicU64::new(0);
 
 /// Schedules order expiries on the delay ladder.
 ///
@@ -61,21 +48,18 @@ static LINKS: AtomicU64 = AtomicU64::new(0);
 /// # Ok(()) }
 /// ```
 pub struct Scheduler {
-    url: SecretString,
     ladder: Ladder,
-    timeout: Duration,
     max_in_flight: usize,
     lead: Duration,
-    tls: TlsFiles,
-    link: Mutex<Option<Link>>,
+    link: ConfirmLink,
 }
 
 impl std::fmt::Debug for Scheduler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Scheduler")
-            .field("url", &redact_url(&self.url))
+            .field("url", &redact_url(self.link.url()))
             .field("ladder", &self.ladder)
-            .field("timeout", &self.timeout)
+            .field("timeout", &self.link.timeout)
             .finish_non_exhaustive()
     }
 }
@@ -99,20 +83,18 @@ impl Scheduler {
     }
 
     fn with_publisher_settings(url: SecretString, ladder: Ladder, settings: &Settings) -> Self {
+        let tls = TlsFiles::from_settings(&settings.amqp);
         Self {
-            url,
             ladder,
-            timeout: settings.amqp.timeout,
             max_in_flight: settings.publisher.max_in_flight.max(1),
             lead: settings.publisher.lead,
-            tls: TlsFiles::from_settings(&settings.amqp),
-            link: Mutex::new(None),
+            link: ConfirmLink::new(url, tls, "order-expiry publisher", settings.amqp.timeout),
         }
     }
 
     /// Bounds connecting and each confirm (`amqp.timeout_ms`).
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.link.timeout = timeout;
         self
     }
 
@@ -125,7 +107,7 @@ impl Scheduler {
     /// TLS files for an `amqps://` broker with a private CA or client
     /// certificates (default: the `amqp.tls_*` settings; none: the system roots).
     pub fn with_tls(mut self, tls: TlsFiles) -> Self {
-        self.tls = tls;
+        self.link.set_tls(tls);
         self
     }
 
@@ -145,7 +127,7 @@ impl Scheduler {
 
     /// Connects now rather than on the first call, so start-up fails early.
     pub async fn connect(&self) -> Result<(), ScheduleError> {
-        self.channel().await.map(drop)
+        self.link.channel().await.map(drop).map_err(Into::into)
     }
 
     /// Schedules "cancel `order_id` if unpaid at `due_at`". Returns once the broker
@@ -203,86 +185,80 @@ impl Scheduler {
 
     /// Closes the connection cleanly.
     pub async fn close(&self) {
-        if let Some(link) = self.link.lock().await.take() {
-            let _ = link.channel.close(200, "closing".into()).await;
-            let _ = link.connection.close(200, "closing".into()).await;
-        }
+        self.link.close().await;
     }
 
     async fn publish(&self, message: ExpiryMessage) -> Result<Scheduled, ScheduleError> {
-        let lead_ms = i64::try_from(self.lead.as_millis()).unwrap_or(i64::MAX);
-        let remaining_ms = (message.due_at - Utc::now()).num_milliseconds() - lead_ms;
-        let route = self.ladder.route_for_remaining_ms(remaining_ms)?;
         let message_id = uuid::Uuid::new_v4().to_string();
+        let outgoing = Outgoing::new(&message, &self.ladder, self.lead, &message_id, Utc::now())?;
+        let (channel, link_id) = self.link.channel().await?;
+        let publishing = outgoing.publish(&channel);
+        let confirmation =
+            match amqp::bounded("publisher confirm", self.link.timeout, publishing).await {
+                Ok(confirmation) => confirmation,
+                Err(error) => {
+                    // A link that swallowed a confirm is not trusted (a half-open TCP
+                    // connection looks like this until heartbeats notice, minutes
+                    // later): the next call opens a fresh one.
+                    let timed_out = matches!(error, BrokerError::Timeout { .. });
+                    self.link.forget(&channel, link_id, timed_out).await;
+                    return Err(error.into());
+                }
+            };
+        confirmed(confirmation, message, outgoing.route, message_id)
+    }
+}
+
+/// One expiry message ready to enter the ladder: where, and what. The
+/// scheduler and the consumer (sending a message through the ladder again)
+/// publish the same way.
+#[derive(Debug)]
+pub(crate) struct Outgoing {
+    pub(crate) route: Route,
+    body: Vec<u8>,
+    properties: BasicProperties,
+}
+
+impl Outgoing {
+    /// `message` routed to arrive `lead` before it may be processed
+    /// ([`ExpiryMessage::process_at`]), as seen at `now`; persistent, with
+    /// `message_id` and nothing else (no headers: a message re-entering the
+    /// ladder with `x-death` headers could be dropped as a dead-letter cycle).
+    pub(crate) fn new(
+        message: &ExpiryMessage,
+        ladder: &Ladder,
+        lead: Duration,
+        message_id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Self, DelayTooLong> {
+        let lead_ms = i64::try_from(lead.as_millis()).unwrap_or(i64::MAX);
+        let remaining_ms = (message.process_at() - now).num_milliseconds() - lead_ms;
+        let route = ladder.route_for_remaining_ms(remaining_ms)?;
         let properties = BasicProperties::default()
             .with_content_type(ExpiryMessage::CONTENT_TYPE.into())
             .with_delivery_mode(2)
-            .with_message_id(message_id.as_str().into())
-            .with_timestamp(u64::try_from(Utc::now().timestamp()).unwrap_or(0));
-        let (channel, link_id) = self.channel().await?;
+            .with_message_id(message_id.into())
+            .with_timestamp(u64::try_from(now.timestamp()).unwrap_or(0));
+        Ok(Self {
+            route,
+            body: message.encode(),
+            properties,
+        })
+    }
+
+    /// Publishes it `mandatory` on `channel` (in confirm mode) and waits for
+    /// the broker's answer: the caller bounds the wait and reads the answer.
+    pub(crate) async fn publish(&self, channel: &Channel) -> lapin::Result<Confirmation> {
         let options = BasicPublishOptions {
             mandatory: true,
             ..BasicPublishOptions::default()
         };
-        let body = message.encode();
-        let publishing = async {
-            let exchange = route.exchange.as_str().into();
-            let key = route.routing_key.as_str().into();
-            channel
-                .basic_publish(exchange, key, options, &body, properties)
-                .await?
-                .await
-        };
-        let confirmation = match amqp::bounded("publisher confirm", self.timeout, publishing).await
-        {
-            Ok(confirmation) => confirmation,
-            Err(error) => {
-                // A link that swallowed a confirm is not trusted (a half-open TCP
-                // connection looks like this until heartbeats notice, minutes
-                // later): the next call opens a fresh one.
-                let timed_out = matches!(error, BrokerError::Timeout { .. });
-                self.forget(&channel, link_id, timed_out).await;
-                return Err(error.into());
-            }
-        };
-        confirmed(confirmation, message, route, message_id)
-    }
-
-    /// The current channel and its link id, (re)connecting if there is none or
-    /// it has failed.
-    async fn channel(&self) -> Result<(Channel, u64), ScheduleError> {
-        let mut link = self.link.lock().await;
-        if let Some(l) = link.as_ref()
-            && l.channel.status().connected()
-            && l.connection.status().connected()
-        {
-            return Ok((l.channel.clone(), l.id));
-        }
-        *link = None;
-        let name = "order-expiry publisher";
-        let connection = amqp::connect(&self.url, &self.tls, name, self.timeout).await?;
-        let channel =
-            amqp::bounded("channel.open", self.timeout, connection.create_channel()).await?;
-        let confirms = channel.confirm_select(ConfirmSelectOptions::default());
-        amqp::bounded("confirm.select", self.timeout, confirms).await?;
-        let id = LINKS.fetch_add(1, Ordering::Relaxed);
-        *link = Some(Link {
-            connection,
-            channel: channel.clone(),
-            id,
-        });
-        Ok((channel, id))
-    }
-
-    /// Drops the link `link_id` if it is still the current one and its channel
-    /// closed (or `always`), so the next call reconnects. Publishes still in
-    /// flight on it keep it open until they finish; lapin then closes it.
-    async fn forget(&self, failed: &Channel, link_id: u64, always: bool) {
-        let mut link = self.link.lock().await;
-        let same = link.as_ref().is_some_and(|l| l.id == link_id);
-        if same && (always || !failed.status().connected()) {
-            *link = None;
-        }
+        let exchange = self.route.exchange.as_str().into();
+        let key = self.route.routing_key.as_str().into();
+        channel
+            .basic_publish(exchange, key, options, &self.body, self.properties.clone())
+            .await?
+            .await
     }
 }
 

@@ -10,6 +10,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::action::{BuildError, ConfiguredAction};
 use super::consumer::{Consumer, ConsumerError};
 use super::http::{self, DbCheck, Readiness};
 use super::orders::{OrderStore, PgOrderStore, StoreError};
@@ -26,6 +27,9 @@ pub enum ServiceError {
     /// Database settings are invalid.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The action cannot be built (its URL, its token).
+    #[error("invalid setting {0}")]
+    Action(#[from] BuildError),
     /// Consumer settings are invalid.
     #[error(transparent)]
     Consumer(#[from] ConsumerError),
@@ -42,37 +46,46 @@ pub enum ServiceError {
 /// A built, not yet running, consumer service.
 #[derive(Debug)]
 pub struct Service {
-    consumer: Consumer<PgOrderStore>,
+    consumer: Consumer<ConfiguredAction>,
     sweeper: Option<Sweeper<PgOrderStore>>,
     listener: TcpListener,
     router: axum::Router,
     readiness: Arc<Readiness>,
-    /// The broker and database URLs, passwords redacted, for the start-up log.
-    urls: (String, String),
+    /// The broker and database URLs, passwords redacted, for the start-up log
+    /// (the database's only when something uses it).
+    urls: (String, Option<String>),
+    /// `action.kind`, for the start-up log.
+    action: &'static str,
 }
 
 impl Service {
-    /// Validates `settings` ([`Settings::validate`]), then builds the store,
-    /// consumer and HTTP listener from them. Port 0 in
-    /// `http.listen` picks a free port; [`Service::http_addr`] tells which.
+    /// Validates `settings` ([`Settings::validate`]), then builds the action
+    /// (and the store, when the action or the sweeper uses the database),
+    /// consumer and HTTP listener from them. Port 0 in `http.listen` picks a
+    /// free port; [`Service::http_addr`] tells which.
     pub async fn build(settings: &Settings) -> Result<Self, ServiceError> {
         settings.validate()?;
-        let store = Arc::new(PgOrderStore::new(settings)?);
+        let action = Arc::new(ConfiguredAction::from_settings(settings, None)?);
+        // Only the SQL action uses the database (the sweeper is refused with
+        // any other, see `Settings::validate`).
+        let store: Option<Arc<PgOrderStore>> = action.store().cloned();
         let readiness = Arc::new(Readiness::default());
-        let consumer = Consumer::new(settings, Arc::clone(&store), Arc::clone(&readiness))?;
-        let sweeper = settings
-            .sweeper
-            .enabled
-            .then(|| Sweeper::new(&settings.sweeper, Arc::clone(&store)));
+        let consumer = Consumer::new(settings, Arc::clone(&action), Arc::clone(&readiness))?;
+        let sweeper = match (&store, settings.sweeper.enabled) {
+            (Some(store), true) => Some(Sweeper::new(&settings.sweeper, Arc::clone(store))),
+            _ => None,
+        };
         let listener = TcpListener::bind(&settings.http.listen)
             .await
             .map_err(|source| ServiceError::Listen {
                 addr: settings.http.listen.clone(),
                 source,
             })?;
-        let db_check: DbCheck = Arc::new(move || {
-            let store = Arc::clone(&store);
-            async move { store.ping().await.is_ok() }.boxed()
+        let db_check: Option<DbCheck> = store.clone().map(|store| -> DbCheck {
+            Arc::new(move || {
+                let store = Arc::clone(&store);
+                async move { store.ping().await.is_ok() }.boxed()
+            })
         });
         let router = http::app(
             Arc::clone(&readiness),
@@ -80,7 +93,8 @@ impl Service {
             settings.http.ready_timeout,
             metrics_handle(),
         );
-        let urls = (settings.amqp.display_url(), settings.database.display_url());
+        let database = store.as_ref().map(|_| settings.database.display_url());
+        let urls = (settings.amqp.display_url(), database);
         Ok(Self {
             consumer,
             sweeper,
@@ -88,6 +102,7 @@ impl Service {
             router,
             readiness,
             urls,
+            action: settings.action.kind.as_str(),
         })
     }
 
@@ -105,7 +120,8 @@ impl Service {
     /// the consumer drains and the sweeper stops, then the HTTP endpoint stops.
     pub async fn run(self, shutdown: CancellationToken) {
         let (amqp, database) = &self.urls;
-        info!(%amqp, %database, "starting consumer service");
+        let database = database.as_deref().unwrap_or("not used");
+        info!(%amqp, %database, action = self.action, "starting consumer service");
         if let Ok(addr) = self.listener.local_addr() {
             info!(%addr, "http endpoint listening");
         }

@@ -1,5 +1,5 @@
-//! `/healthz` (process alive), `/readyz` (broker connected, consuming, database
-//! answers) and `/metrics` (Prometheus text).
+//! `/healthz` (process alive), `/readyz` (broker connected, consuming, and the
+//! database answers when something uses it) and `/metrics` (Prometheus text).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,15 +42,17 @@ pub(crate) type DbCheck = Arc<dyn Fn() -> BoxFuture<'static, bool> + Send + Sync
 #[derive(Clone)]
 struct AppState {
     readiness: Arc<Readiness>,
-    db_check: DbCheck,
+    db_check: Option<DbCheck>,
     db_timeout: Duration,
     metrics: PrometheusHandle,
 }
 
-/// The router `serve` runs. `/readyz` waits at most `db_timeout` for `db_check`.
+/// The router `serve` runs. `/readyz` waits at most `db_timeout` for
+/// `db_check`; without one (the action does not use the database) it does not
+/// ask.
 pub(crate) fn app(
     readiness: Arc<Readiness>,
-    db_check: DbCheck,
+    db_check: Option<DbCheck>,
     db_timeout: Duration,
     metrics: PrometheusHandle,
 ) -> Router {
@@ -68,10 +70,16 @@ pub(crate) fn app(
 
 async fn readyz(State(state): State<AppState>) -> (StatusCode, String) {
     let consuming = state.readiness.is_consuming();
-    let db = tokio::time::timeout(state.db_timeout, (state.db_check)())
-        .await
-        .unwrap_or(false);
-    let body = format!("consuming: {consuming}\ndatabase: {db}\n");
+    let (db, db_text) = match &state.db_check {
+        Some(check) => {
+            let db = tokio::time::timeout(state.db_timeout, check())
+                .await
+                .unwrap_or(false);
+            (db, db.to_string())
+        }
+        None => (true, "not used".to_owned()),
+    };
+    let body = format!("consuming: {consuming}\ndatabase: {db_text}\n");
     if consuming && db {
         (StatusCode::OK, body)
     } else {

@@ -1,6 +1,8 @@
 //! The consumer service (`order-expiry serve`), feature `service`.
 //!
 //! - [`app`]: [`Service`]: consumer + sweeper + HTTP, built once for `main` and tests.
+//! - [`action`]: what expires a due order ([`Action`]: SQL, HTTP, an event)
+//!   and the optional payment check before it.
 //! - [`consumer`]: the delivery loop: hold until due, batch, ack / park / retry.
 //! - [`orders`]: the [`OrderStore`] trait and its PostgreSQL implementation.
 //! - [`sweeper`]: safety net: periodically cancels unpaid orders long overdue.
@@ -16,6 +18,7 @@ const CONSUMER: &str = "order_expiry::consumer";
 /// The log target of the sweeper's events.
 const SWEEPER: &str = "order_expiry::sweeper";
 
+mod action;
 mod app;
 mod backoff;
 mod consumer;
@@ -24,10 +27,12 @@ mod orders;
 mod shutdown;
 mod sweeper;
 
-pub use self::app::{Service, ServiceError};
-pub use self::consumer::{
-    Arrival, Consumer, ConsumerError, Handled, Outcome, cancel_batch, on_arrival,
+pub use self::action::{
+    Action, ActionError, BuildError, CheckAnswer, ConfiguredAction, EventAction, Expiring,
+    HttpAction, PaymentCheck, Verdict,
 };
+pub use self::app::{Service, ServiceError};
+pub use self::consumer::{Arrival, Consumer, ConsumerError, Handled, Outcome, on_arrival};
 pub use self::http::Readiness;
 pub use self::orders::{Disposition, FailureClass, OrderStore, PgOrderStore, StoreError, classify};
 pub use self::shutdown::shutdown_on_signal;

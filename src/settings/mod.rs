@@ -7,6 +7,7 @@
 //! are [`SecretString`]s: `Debug` prints `[REDACTED]`, and
 //! [`AmqpSettings::display_url`] gives a loggable form.
 
+mod action;
 mod millis;
 mod redact;
 mod validate;
@@ -18,6 +19,11 @@ use config::{Config, Environment, File, FileFormat};
 use secrecy::SecretString;
 use serde::Deserialize;
 
+#[cfg(feature = "service")]
+pub(crate) use self::action::bearer;
+pub use self::action::{
+    ActionKind, ActionSettings, AmqpActionSettings, CheckSettings, FinalOutcome, HttpActionSettings,
+};
 pub(crate) use self::redact::{redact_url, scrub_url};
 pub use self::validate::InvalidSetting;
 use crate::topology::{Ladder, LadderError};
@@ -39,7 +45,9 @@ pub struct Settings {
     pub publisher: PublisherSettings,
     /// The consumer service.
     pub consumer: ConsumerSettings,
-    /// The orders database.
+    /// What expires a due order, and the payment check before it.
+    pub action: ActionSettings,
+    /// The orders database (`action.kind = sql` and the sweeper).
     pub database: DatabaseSettings,
     /// The safety-net sweep of overdue unpaid orders.
     pub sweeper: SweeperSettings,
@@ -147,6 +155,11 @@ pub struct ConsumerSettings {
     /// Bound on the drain at shutdown (`drain_timeout_ms`).
     #[serde(rename = "drain_timeout_ms", with = "millis")]
     pub drain_timeout: Duration,
+    /// An order not found is looked for again after each of these delays (its
+    /// INSERT may not have committed yet), through the ladder; after the last,
+    /// it is acked as unknown. Empty: at once (`unknown_rechecks_ms`).
+    #[serde(rename = "unknown_rechecks_ms", with = "millis::list")]
+    pub unknown_rechecks: Vec<Duration>,
 }
 
 /// The orders database.

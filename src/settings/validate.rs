@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use super::Settings;
+use super::{ActionKind, Settings};
 use crate::topology::LadderError;
 
 /// A setting that cannot work: its key (as in `config/default.toml`) and why.
@@ -68,6 +68,48 @@ fn backoff(
     Ok(())
 }
 
+/// A base URL the HTTP client can use: `http://` or `https://` with a host.
+fn base_url(key: &'static str, url: &str, why: &str) -> Result<(), InvalidSetting> {
+    let url = url.trim();
+    if url.is_empty() {
+        return invalid(key, format!("is empty, but {why}"));
+    }
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"));
+    match rest {
+        Some(rest) if !rest.is_empty() && !rest.starts_with('/') => Ok(()),
+        _ => invalid(
+            key,
+            format!("{url:?} is not an http:// or https:// URL with a host"),
+        ),
+    }
+}
+
+/// Delays the consumer sends a message through the ladder for: each at least
+/// 1 ms and at most what the ladder holds.
+fn ladder_delays(
+    key: &'static str,
+    delays: &[std::time::Duration],
+    max_secs: u64,
+) -> Result<(), InvalidSetting> {
+    for delay in delays {
+        if delay.is_zero() {
+            return invalid(key, "has a step of 0 ms: each must be at least 1 ms");
+        }
+        if delay.as_secs() > max_secs {
+            return invalid(
+                key,
+                format!(
+                    "has a step of {} ms, longer than the ladder holds ({max_secs} s with topology.levels)",
+                    delay.as_millis()
+                ),
+            );
+        }
+    }
+    Ok(())
+}
+
 fn statement(key: &'static str, sql: &str) -> Result<(), InvalidSetting> {
     if sql.trim().is_empty() {
         return invalid(key, "is empty");
@@ -112,6 +154,13 @@ impl Settings {
             c.retry_max,
         )?;
         nonzero("consumer.drain_timeout_ms", c.drain_timeout)?;
+        let max_secs = self.ladder().map(|l| l.max_delay_secs()).unwrap_or(0);
+        ladder_delays(
+            "consumer.unknown_rechecks_ms",
+            &c.unknown_rechecks,
+            max_secs,
+        )?;
+        self.validate_action(max_secs)?;
 
         let d = &self.database;
         positive("database.pool_size", d.pool_size as u64)?;
@@ -135,11 +184,71 @@ impl Settings {
         statement("database.exists_sql", &d.exists_sql)?;
 
         let s = &self.sweeper;
+        if s.enabled && self.action.kind != ActionKind::Sql {
+            return invalid(
+                "sweeper.enabled",
+                format!(
+                    "the sweeper cancels in the orders table with sweeper.sweep_sql, but action.kind = {} \
+                     expires orders without the database; set sweeper.enabled = false",
+                    self.action.kind.as_str()
+                ),
+            );
+        }
+        if s.enabled && self.action.check.enabled {
+            return invalid(
+                "sweeper.enabled",
+                "the sweeper cancels without asking the payment gateway (action.check.enabled = true), \
+                 and would cancel orders the check still waits for; set sweeper.enabled = false",
+            );
+        }
         nonzero("sweeper.interval_ms", s.interval)?;
         positive("sweeper.batch_max", u64::from(s.batch_max))?;
         statement("sweeper.sweep_sql", &s.sweep_sql)?;
 
         nonzero("http.ready_timeout_ms", self.http.ready_timeout)?;
+        Ok(())
+    }
+
+    /// `[action]`: what the chosen action and the payment check need.
+    fn validate_action(&self, max_secs: u64) -> Result<(), InvalidSetting> {
+        let a = &self.action;
+        match a.kind {
+            ActionKind::Sql => {}
+            ActionKind::Http => {
+                base_url(
+                    "action.http.base_url",
+                    &a.http.base_url,
+                    "action.kind = http posts to it",
+                )?;
+                nonzero("action.http.timeout_ms", a.http.timeout)?;
+                positive("action.http.concurrency", a.http.concurrency as u64)?;
+            }
+            ActionKind::Amqp => {
+                if a.amqp.exchange.trim().is_empty() {
+                    return invalid(
+                        "action.amqp.exchange",
+                        "is empty, but action.kind = amqp publishes the order.expired event to it",
+                    );
+                }
+            }
+        }
+        let c = &a.check;
+        if c.enabled {
+            base_url(
+                "action.check.base_url",
+                &c.base_url,
+                "action.check.enabled = true asks it",
+            )?;
+            nonzero("action.check.timeout_ms", c.timeout)?;
+            positive("action.check.concurrency", c.concurrency as u64)?;
+            if c.steps.is_empty() {
+                return invalid(
+                    "action.check.steps_ms",
+                    "is empty: a pending payment would never be asked about again; give at least one step",
+                );
+            }
+            ladder_delays("action.check.steps_ms", &c.steps, max_secs)?;
+        }
         Ok(())
     }
 
@@ -174,6 +283,31 @@ mod tests {
     #[test]
     fn the_defaults_are_valid() {
         Settings::default().validate().unwrap();
+    }
+
+    /// `action.kind = http` at `url`, the sweeper off.
+    fn http(s: &mut Settings, url: &str) {
+        s.action.kind = ActionKind::Http;
+        s.sweeper.enabled = false;
+        s.action.http.base_url = url.into();
+    }
+
+    /// The payment check on, at `url`.
+    fn check(s: &mut Settings, url: &str) {
+        s.action.check.enabled = true;
+        s.action.check.base_url = url.into();
+    }
+
+    #[test]
+    fn every_action_works_with_its_own_settings() {
+        let mut s = Settings::default();
+        http(&mut s, "https://orders.internal/api/");
+        s.validate().unwrap();
+        s.action.kind = ActionKind::Amqp;
+        s.action.amqp.exchange = "order-events".into();
+        s.validate().unwrap();
+        check(&mut s, "http://gateway:9000");
+        s.validate().unwrap();
     }
 
     /// Every rejected combination: what is changed, the key named, and a word
@@ -294,6 +428,116 @@ mod tests {
                 |s| s.http.ready_timeout = ms(0),
                 "http.ready_timeout_ms",
                 "not 0",
+            ),
+            (
+                |s| s.consumer.unknown_rechecks = vec![ms(1000), ms(0)],
+                "consumer.unknown_rechecks_ms",
+                "step of 0 ms",
+            ),
+            (
+                |s| s.consumer.unknown_rechecks = vec![ms(4_194_304_000)],
+                "consumer.unknown_rechecks_ms",
+                "longer than the ladder",
+            ),
+            (|s| http(s, ""), "action.http.base_url", "is empty"),
+            (
+                |s| http(s, "ftp://orders"),
+                "action.http.base_url",
+                "not an http",
+            ),
+            (
+                |s| http(s, "https://"),
+                "action.http.base_url",
+                "with a host",
+            ),
+            (
+                |s| {
+                    http(s, "http://orders:8080");
+                    s.action.http.timeout = ms(0);
+                },
+                "action.http.timeout_ms",
+                "not 0",
+            ),
+            (
+                |s| {
+                    http(s, "http://orders:8080");
+                    s.action.http.concurrency = 0;
+                },
+                "action.http.concurrency",
+                "at least 1",
+            ),
+            (
+                |s| {
+                    s.sweeper.enabled = false;
+                    s.action.kind = ActionKind::Amqp;
+                },
+                "action.amqp.exchange",
+                "is empty",
+            ),
+            (
+                |s| {
+                    http(s, "http://orders");
+                    s.sweeper.enabled = true;
+                },
+                "sweeper.enabled",
+                "action.kind = http",
+            ),
+            (
+                |s| {
+                    s.action.kind = ActionKind::Amqp;
+                    s.action.amqp.exchange = "events".into();
+                },
+                "sweeper.enabled",
+                "action.kind = amqp",
+            ),
+            (
+                |s| check(s, "http://gateway"),
+                "sweeper.enabled",
+                "payment gateway",
+            ),
+            (
+                |s| {
+                    check(s, "");
+                    s.sweeper.enabled = false;
+                },
+                "action.check.base_url",
+                "is empty",
+            ),
+            (
+                |s| {
+                    check(s, "http://gateway");
+                    s.sweeper.enabled = false;
+                    s.action.check.steps = Vec::new();
+                },
+                "action.check.steps_ms",
+                "is empty",
+            ),
+            (
+                |s| {
+                    check(s, "http://gateway");
+                    s.sweeper.enabled = false;
+                    s.action.check.steps = vec![ms(1000), ms(0)];
+                },
+                "action.check.steps_ms",
+                "step of 0 ms",
+            ),
+            (
+                |s| {
+                    check(s, "http://gateway");
+                    s.sweeper.enabled = false;
+                    s.action.check.timeout = ms(0);
+                },
+                "action.check.timeout_ms",
+                "not 0",
+            ),
+            (
+                |s| {
+                    check(s, "http://gateway");
+                    s.sweeper.enabled = false;
+                    s.action.check.concurrency = 0;
+                },
+                "action.check.concurrency",
+                "at least 1",
             ),
             (|s| s.amqp.timeout = ms(0), "amqp.timeout_ms", "not 0"),
             (

@@ -11,9 +11,6 @@ const LATENESS_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
-/// Outcome labels of `order_expiry_messages_total`, registered at 0.
-const OUTCOMES: &[&str] = &["cancelled", "not_unpaid", "unknown", "parked"];
-
 /// The recorder, installed on first use.
 pub(crate) fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -57,7 +54,8 @@ fn describe_metrics() {
             }
         }
     }
-    for outcome in OUTCOMES {
-        metrics::counter!(MESSAGES_TOTAL.name, "outcome" => *outcome).increment(0);
+    // Every outcome label of `order_expiry_messages_total`, at 0.
+    for outcome in crate::service::Outcome::ALL {
+        metrics::counter!(MESSAGES_TOTAL.name, "outcome" => outcome.label()).increment(0);
     }
 }

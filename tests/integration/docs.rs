@@ -29,7 +29,8 @@ fn default_setting_variables() -> Vec<String> {
     for line in repo_file("config/default.toml").lines() {
         let line = line.trim();
         if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-            section = name.to_uppercase();
+            // `[action.http]` is `ORDER_EXPIRY__ACTION__HTTP__…`.
+            section = name.to_uppercase().replace('.', "__");
         } else if let Some((key, _)) = line.split_once(" = ")
             && !line.starts_with('#')
         {

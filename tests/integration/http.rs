@@ -12,7 +12,9 @@ async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_readiness_and_metrics() {
-    let env = World::new().await;
+    let mut env = World::new().await;
+    // An order not found is acked as unknown at once, not looked for again.
+    env.settings.consumer.unknown_rechecks = Vec::new();
     let service = Service::build(&env.settings).await.unwrap();
     let addr = service.http_addr().unwrap();
     let readiness = service.readiness();

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use order_expiry::{Disposition, Outcome, Scheduler, cancel_batch};
+use order_expiry::{Disposition, OrderStore, Outcome, Scheduler};
 use order_expiry_testkit::{World, at_ms, message};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -57,9 +57,9 @@ async fn the_same_message_twice_changes_nothing_the_second_time() {
     let dup_1 = message("dup-1", due_at);
 
     // The unit of work, twice.
-    let first = cancel_batch(env.store.as_ref(), &[&dup_1]).await.unwrap();
+    let first = env.store.cancel_unpaid(&[&dup_1]).await.unwrap();
     let cancelled_at = env.order("dup-1").await.2;
-    let second = cancel_batch(env.store.as_ref(), &[&dup_1]).await.unwrap();
+    let second = env.store.cancel_unpaid(&[&dup_1]).await.unwrap();
     assert_eq!(first, [Disposition::Cancelled]);
     assert_eq!(second, [Disposition::NotUnpaid]);
     assert_eq!(env.order("dup-1").await.2, cancelled_at);
@@ -84,7 +84,10 @@ async fn the_same_message_twice_changes_nothing_the_second_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_order_is_acked_and_counted_not_retried() {
     let env = World::new().await;
-    let mut consumer = env.start_consumer();
+    // Without re-checks (tests/integration/insert_race.rs has those).
+    let mut settings = env.settings.clone();
+    settings.consumer.unknown_rechecks = Vec::new();
+    let mut consumer = env.start_consumer_with(&settings);
     env.publish_message(&message("no-such-order", at_ms(-5)))
         .await;
     let handled = consumer.next_n(1, Duration::from_secs(10)).await;

@@ -19,7 +19,8 @@ pub enum Arrival {
     Park(String),
 }
 
-/// Decides what to do with a body that arrived at `now`.
+/// Decides what to do with a body that arrived at `now`: due at
+/// [`ExpiryMessage::process_at`] (`due_at`, or a later `not_before`).
 pub fn on_arrival(
     body: &[u8],
     content_type: Option<&str>,
@@ -30,7 +31,10 @@ pub fn on_arrival(
         Ok(m) => m,
         Err(e) => return Arrival::Park(e.to_string()),
     };
-    let early = (message.due_at - now).to_std().unwrap_or(Duration::ZERO);
+    // A message sent through the ladder again is due at its `not_before`.
+    let early = (message.process_at() - now)
+        .to_std()
+        .unwrap_or(Duration::ZERO);
     if early.is_zero() {
         Arrival::Due(message)
     } else if early <= settings.max_hold {

@@ -9,9 +9,9 @@ use tracing::{info, warn};
 use super::session::Session;
 use crate::amqp;
 use crate::service::CONSUMER;
-use crate::service::orders::OrderStore;
+use crate::service::action::Action;
 
-impl<S: OrderStore> Session<'_, S> {
+impl<A: Action> Session<'_, A> {
     /// Closes the session; with `drain`, after the drain.
     pub(super) async fn close(mut self, drain: bool) {
         let timeout = self.consumer.amqp.timeout;
@@ -24,8 +24,8 @@ impl<S: OrderStore> Session<'_, S> {
         }
         let channel = self.channel.close(200, "shutdown".into());
         let _ = amqp::bounded("channel.close", timeout, channel).await;
-        let parking = self.parking.channel.close(200, "shutdown".into());
-        let _ = amqp::bounded("channel.close", timeout, parking).await;
+        let outbound = self.outbound.channel.close(200, "shutdown".into());
+        let _ = amqp::bounded("channel.close", timeout, outbound).await;
         let connection = self.connection.close(200, "shutdown".into());
         let _ = amqp::bounded("connection.close", timeout, connection).await;
     }

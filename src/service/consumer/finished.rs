@@ -1,17 +1,19 @@
 //! What finished work does to a session. Work that went through marks its
-//! deliveries done, and the ack tracker says which acks to send now. A failure
-//! is isolated to the order at fault, by what the store error means
-//! ([`FailureClass`]):
+//! deliveries done, and the ack tracker says which acks to send now; a message
+//! the action could not take now (a locked order, a 5xx) is retried alone, one
+//! it never can (a 4xx) parked, one to look at again later sent through the
+//! ladder. A failure of a whole batch is isolated to the order at fault, by
+//! what the action error means ([`FailureClass`]):
 //!
 //! - permanent or transient (the database answered with an error): a batch of
 //!   several is split in two, and each half runs as a batch of its own, until
 //!   the order at fault is alone; the rest are cancelled and acked on time. A
 //!   lone permanent failure is parked with its SQLSTATE; a lone transient one
-//!   (and a busy order, locked by a payment) is retried alone on its own
-//!   backoff. Neither stops intake or other batches.
-//! - unavailable (nothing can succeed now): nothing is split. The batch waits
-//!   on one backoff for the whole session, during which no new statement starts
-//!   and no deliveries are taken.
+//!   is retried alone on its own backoff. Neither stops intake or other batches.
+//! - unavailable (nothing can succeed now: the database, the order service or
+//!   the event exchange is unreachable): nothing is split. The batch waits on
+//!   one backoff for the whole session, during which no new batch starts and no
+//!   deliveries are taken.
 
 use chrono::Utc;
 use lapin::options::BasicAckOptions;
@@ -19,16 +21,17 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::acks::State;
-use super::park::ParkError;
+use super::outbound::{OutboundError, Republish};
 use super::session::{Retry, Session, SessionError};
 use super::work::{Done, Failed, Pending};
 use crate::amqp;
 use crate::service::CONSUMER;
+use crate::service::action::{Action, ActionError};
 use crate::service::backoff::Backoff;
-use crate::service::orders::{FailureClass, OrderStore, StoreError};
+use crate::service::orders::FailureClass;
 use crate::telemetry::RETRIES_TOTAL;
 
-impl<S: OrderStore> Session<'_, S> {
+impl<A: Action> Session<'_, A> {
     /// Work finished: record it in the ack tracker, send the acks that allows,
     /// and isolate or retry what failed.
     pub(super) async fn on_finished(&mut self, done: Done) -> Result<(), SessionError> {
@@ -44,22 +47,39 @@ impl<S: OrderStore> Session<'_, S> {
     }
 
     /// Applies finished work to the ack tracker; returns the work that failed.
-    /// Busy orders go to their own retry timers.
+    /// Messages to retry go to their own timers; parks and re-queues start.
     pub(super) fn record(&mut self, done: Done) -> Result<Option<Failed>, SessionError> {
         match done {
-            Done::Parked(tag) => {
+            Done::Republished(tag) => {
                 self.acks.forget(tag);
                 self.park_backoff.reset();
             }
-            Done::Settled { handled, busy } => {
+            Done::Settled {
+                handled,
+                retry,
+                park,
+                requeue,
+            } => {
                 for (tag, handled) in handled {
                     self.acks.set(tag, State::Done, handled);
                 }
-                for pending in busy {
+                for (pending, reason) in retry {
+                    metrics::counter!(RETRIES_TOTAL.name).increment(1);
                     pending.span.in_scope(|| {
-                        info!(target: CONSUMER, "order locked by another transaction; retrying it alone")
+                        info!(target: CONSUMER, reason = %reason, attempts = pending.attempts,
+                            "not now; retrying it alone")
                     });
                     self.retry_alone(pending);
+                }
+                for (pending, reason) in park {
+                    self.acks.set(pending.tag(), State::Waiting, None);
+                    self.in_flight
+                        .push(self.outbound.park(pending.delivery, reason));
+                }
+                for (pending, message, outcome) in requeue {
+                    self.acks.set(pending.tag(), State::Waiting, None);
+                    self.in_flight
+                        .push(self.outbound.requeue(pending, message, outcome));
                 }
             }
             Done::Failed(failed) => return Ok(Some(failed)),
@@ -72,26 +92,36 @@ impl<S: OrderStore> Session<'_, S> {
     async fn on_failed(&mut self, failed: Failed) -> Result<(), SessionError> {
         metrics::counter!(RETRIES_TOTAL.name).increment(1);
         match failed {
-            Failed::Store { batch, error } => self.on_store_failed(batch, error),
-            Failed::Park {
+            Failed::Action { batch, error } => self.on_action_failed(batch, error),
+            Failed::Republish {
                 delivery,
-                reason,
+                what,
                 error,
             } => {
-                warn!(target: CONSUMER, error = %error, "parking failed; will retry");
-                if matches!(error, ParkError::Unroutable { .. }) {
-                    // Someone deleted the parked queue or its binding.
-                    self.repair("parked").await?;
+                let unroutable = matches!(error, OutboundError::Unroutable { .. });
+                match &what {
+                    Republish::Park(_) => {
+                        warn!(target: CONSUMER, error = %error, "parking failed; will retry");
+                        if unroutable {
+                            // Someone deleted the parked queue or its binding.
+                            self.repair("parked").await?;
+                        }
+                    }
+                    Republish::Requeue(message, _) => {
+                        warn!(target: CONSUMER, error = %error, order_id = %message.order_id,
+                            "sending a message through the ladder again failed (is the ladder \
+                             declared?); will retry, the delivery stays unacked");
+                    }
                 }
                 let delay = self.park_backoff.next_delay();
                 self.retrying
-                    .insert(Retry::Park { delivery, reason }, delay);
+                    .insert(Retry::Republish { delivery, what }, delay);
             }
         }
         Ok(())
     }
 
-    fn on_store_failed(&mut self, mut batch: Vec<Pending>, error: StoreError) {
+    fn on_action_failed(&mut self, mut batch: Vec<Pending>, error: ActionError) {
         for p in &batch {
             self.acks.set(p.tag(), State::Waiting, None);
         }
@@ -99,7 +129,7 @@ impl<S: OrderStore> Session<'_, S> {
         match class {
             FailureClass::Unavailable => {
                 warn!(target: CONSUMER, error = %error, orders = batch.len(),
-                    "database unavailable; the batch waits and intake pauses");
+                    "action unavailable; the batch waits and intake pauses");
                 self.failed.push(batch);
                 if self.retry_at.is_none() {
                     self.retry_at = Some(Instant::now() + self.retry_backoff.next_delay());
@@ -114,15 +144,15 @@ impl<S: OrderStore> Session<'_, S> {
             }
             FailureClass::Permanent => {
                 let Some(pending) = batch.pop() else { return };
-                let reason = permanent_reason(&error);
+                let reason = error.park_reason();
                 self.in_flight
-                    .push(self.parking.park(pending.delivery, reason));
+                    .push(self.outbound.park(pending.delivery, reason));
             }
             FailureClass::Transient => {
                 for pending in batch {
                     pending.span.in_scope(|| {
                         warn!(target: CONSUMER, error = %error, attempts = pending.attempts,
-                            "cancel failed; retrying it alone")
+                            "action failed; retrying it alone")
                     });
                     self.retry_alone(pending);
                 }
@@ -137,8 +167,7 @@ impl<S: OrderStore> Session<'_, S> {
         let settings = &self.consumer.settings;
         let delay = Backoff::nth(settings.retry_initial, settings.retry_max, pending.attempts);
         pending.attempts = pending.attempts.saturating_add(1);
-        self.retrying
-            .insert(Retry::Cancel(Box::new(pending)), delay);
+        self.retrying.insert(Retry::Again(Box::new(pending)), delay);
     }
 
     /// The database is back (or may be): batches that waited for it run
@@ -177,16 +206,5 @@ impl<S: OrderStore> Session<'_, S> {
             }
         }
         Ok(())
-    }
-}
-
-/// The `x-parked-reason` of a message whose cancel failed permanently, e.g.
-/// `cancel failed permanently: SQLSTATE 22P02: invalid input syntax for type uuid: "o-1"`.
-fn permanent_reason(error: &StoreError) -> String {
-    match error.sqlstate() {
-        Some((code, message)) => {
-            format!("cancel failed permanently: SQLSTATE {code}: {message}")
-        }
-        None => format!("cancel failed permanently: {error}"),
     }
 }

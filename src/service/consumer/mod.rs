@@ -1,11 +1,16 @@
-//! The consumer: reads the due queue, holds what is early, cancels what is due in
-//! batches of one atomic statement, acks only after the database answered, parks
-//! what can never be processed, and survives broker and database outages.
+//! The consumer: reads the due queue, holds what is early, expires what is due
+//! in batches through the [`Action`] (one atomic statement per batch for SQL),
+//! acks only after the action answered, parks what can never be processed,
+//! sends what must be looked at again through the ladder, and survives broker,
+//! database and order-service outages.
 //!
 //! - [`arrival`]: what to do with a delivery as it arrives (due, hold, park). Pure.
 //! - [`acks`]: which deliveries to ack, one `multiple` ack per finished run. Pure.
-//! - [`work`]: the unit of work, [`cancel_batch`], and what finished work reports.
-//! - [`park`]: copying an unprocessable message to `P.parked`, confirmed, then acking it.
+//! - [`decide`]: after the payment check and the action: ack, retry, park or
+//!   send through the ladder again (the next check step; an order not found yet). Pure.
+//! - [`work`]: the unit of work (check, then the action) and what finished work reports.
+//! - [`outbound`]: a parked copy or a message sent through the ladder again,
+//!   confirmed, then the ack.
 //! - [`session`]: one connection's state and its per-event methods.
 //! - [`finished`]: what finished work does: acks; a failure split down to the
 //!   order at fault, parked or retried alone; a whole-set backoff while the
@@ -18,14 +23,16 @@
 
 mod acks;
 mod arrival;
+mod decide;
 mod drain;
 mod finished;
-mod park;
+mod outbound;
 mod repair;
 mod session;
 mod work;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use thiserror::Error;
@@ -34,11 +41,11 @@ use tracing::{info, warn};
 
 pub use self::arrival::{Arrival, on_arrival};
 use self::session::{Session, SessionError};
-pub use self::work::cancel_batch;
+use self::work::Work;
 use super::CONSUMER;
+use super::action::{Action, BuildError, PaymentCheck};
 use super::backoff::Backoff;
 use super::http::Readiness;
-use super::orders::OrderStore;
 use crate::publisher::OrderId;
 use crate::settings::{AmqpSettings, ConsumerSettings, Settings};
 use crate::telemetry::RECONNECTS_TOTAL;
@@ -56,6 +63,20 @@ pub enum Outcome {
     Unknown,
     /// The message can never be processed; copied to the parked queue.
     Parked,
+    /// The order's deadline was extended past this message's `due_at`: a stale
+    /// message; nothing changed.
+    Extended,
+    /// The payment gateway said paid: nothing cancelled.
+    PaidAtGateway,
+    /// The gateway still said pending after the last check step, and
+    /// `action.check.final` is `keep`: nothing changed.
+    PendingAtGateway,
+    /// The gateway said pending: sent through the ladder to be checked again
+    /// at the next step.
+    CheckRequeued,
+    /// The order was not found: sent through the ladder to be looked for
+    /// again (its INSERT may not have committed yet).
+    UnknownRequeued,
 }
 
 impl Outcome {
@@ -66,8 +87,26 @@ impl Outcome {
             Self::NotUnpaid => "not_unpaid",
             Self::Unknown => "unknown",
             Self::Parked => "parked",
+            Self::Extended => "extended",
+            Self::PaidAtGateway => "paid_at_gateway",
+            Self::PendingAtGateway => "pending_at_gateway",
+            Self::CheckRequeued => "check_requeued",
+            Self::UnknownRequeued => "unknown_requeued",
         }
     }
+
+    /// Every outcome, in the order of the metrics catalog.
+    pub const ALL: [Self; 9] = [
+        Self::Cancelled,
+        Self::NotUnpaid,
+        Self::Unknown,
+        Self::Parked,
+        Self::Extended,
+        Self::PaidAtGateway,
+        Self::PendingAtGateway,
+        Self::CheckRequeued,
+        Self::UnknownRequeued,
+    ];
 }
 
 /// One handled delivery, as reported to an observer (see [`Consumer::observe`]).
@@ -90,19 +129,24 @@ pub enum ConsumerError {
     /// The topology settings are invalid.
     #[error(transparent)]
     Ladder(#[from] LadderError),
+    /// The payment check cannot be built.
+    #[error(transparent)]
+    Check(#[from] BuildError),
 }
 
 /// The consumer service's delivery loop.
-pub struct Consumer<S> {
+pub struct Consumer<A> {
     settings: ConsumerSettings,
     amqp: AmqpSettings,
     ladder: Ladder,
-    store: Arc<S>,
+    /// `publisher.lead_ms`, for messages the consumer sends through the ladder again.
+    lead: Duration,
+    work: Arc<Work<A>>,
     readiness: Arc<Readiness>,
     observer: Option<Observer>,
 }
 
-impl<S> std::fmt::Debug for Consumer<S> {
+impl<A> std::fmt::Debug for Consumer<A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Consumer")
             .field("ladder", &self.ladder)
@@ -111,19 +155,30 @@ impl<S> std::fmt::Debug for Consumer<S> {
     }
 }
 
-impl<S: OrderStore> Consumer<S> {
-    /// A consumer of the due queue described by `settings`, cancelling through
-    /// `store` and reporting on `readiness`.
+impl<A: Action> Consumer<A> {
+    /// A consumer of the due queue described by `settings`, expiring through
+    /// `action` (a [`super::PgOrderStore`] is the SQL one), asking the payment
+    /// gateway first when `action.check` is on, and reporting on `readiness`.
     pub fn new(
         settings: &Settings,
-        store: Arc<S>,
+        action: Arc<A>,
         readiness: Arc<Readiness>,
     ) -> Result<Self, ConsumerError> {
+        let check = &settings.action.check;
+        let check = match check.enabled {
+            true => Some((PaymentCheck::new(check)?, check.clone())),
+            false => None,
+        };
         Ok(Self {
             settings: settings.consumer.clone(),
             amqp: settings.amqp.clone(),
             ladder: settings.ladder()?,
-            store,
+            lead: settings.publisher.lead,
+            work: Arc::new(Work {
+                action,
+                check,
+                unknown_rechecks: settings.consumer.unknown_rechecks.clone(),
+            }),
             readiness,
             observer: None,
         })
@@ -175,5 +230,25 @@ impl<S: OrderStore> Consumer<S> {
         }
         session.close(end.is_ok()).await;
         end
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `/metrics` describes, and the README's catalog lists, every outcome.
+    #[test]
+    fn every_outcome_is_described_and_documented() {
+        let help = crate::telemetry::MESSAGES_TOTAL.help;
+        let readme = include_str!("../../../README.md");
+        for outcome in Outcome::ALL {
+            let label = outcome.label();
+            assert!(help.contains(label), "# HELP misses {label}");
+            assert!(
+                readme.contains(&format!("`{label}`")),
+                "README misses `{label}`"
+            );
+        }
     }
 }

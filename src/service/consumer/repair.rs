@@ -9,11 +9,11 @@ use tracing::warn;
 
 use super::session::{Session, SessionError, subscribe};
 use crate::service::CONSUMER;
-use crate::service::orders::OrderStore;
+use crate::service::action::Action;
 use crate::telemetry::REPAIRS_TOTAL;
 use crate::topology::Topology;
 
-impl<S: OrderStore> Session<'_, S> {
+impl<A: Action> Session<'_, A> {
     /// Re-declares the consumer's part of the topology; `what` was found
     /// missing (`due`: the broker ended our consumer; `parked`: a park was
     /// unroutable).

@@ -27,13 +27,13 @@ use tracing::{debug, info};
 
 use super::acks::{AckTracker, State};
 use super::arrival::{Arrival, on_arrival};
-use super::park::Parking;
-use super::work::{Done, Pending, cancel_work};
+use super::outbound::{Outbound, Republish};
+use super::work::{Done, Pending, delivery_span, expire_work};
 use super::{Consumer, Handled};
 use crate::amqp::{self, BrokerError, ConnectError, TlsFiles};
 use crate::service::CONSUMER;
+use crate::service::action::Action;
 use crate::service::backoff::Backoff;
-use crate::service::orders::OrderStore;
 use crate::telemetry::HELD_TOTAL;
 use crate::topology::{Ladder, Topology};
 
@@ -66,22 +66,23 @@ enum Event {
 
 /// Work retried on its own timer, without holding up anything else.
 pub(super) enum Retry {
-    /// A message whose order was busy (locked), or whose statement failed
-    /// transiently when it was alone: cancelled again, alone.
-    Cancel(Box<Pending>),
-    /// A park the broker did not confirm.
-    Park {
+    /// A message whose order was busy (locked), whose action failed
+    /// transiently for it (a 5xx, a timeout), or whose batch failed transiently
+    /// when it was alone: checked and expired again, alone.
+    Again(Box<Pending>),
+    /// A park or a re-queue the broker did not confirm.
+    Republish {
         delivery: Box<Delivery>,
-        reason: String,
+        what: Republish,
     },
 }
 
 /// One session's state; see the module docs.
-pub(super) struct Session<'a, S> {
-    pub(super) consumer: &'a Consumer<S>,
+pub(super) struct Session<'a, A> {
+    pub(super) consumer: &'a Consumer<A>,
     pub(super) connection: Connection,
     pub(super) channel: Channel,
-    pub(super) parking: Parking,
+    pub(super) outbound: Outbound,
     pub(super) deliveries: lapin::Consumer,
     pub(super) tag: String,
     /// Early deliveries, each until its `due_at`.
@@ -93,9 +94,9 @@ pub(super) struct Session<'a, S> {
     /// Parts of failed batches, each run as a batch of its own before `ready`,
     /// until the order at fault is alone.
     pub(super) split: VecDeque<Vec<Pending>>,
-    /// Cancel statements and parks running now.
+    /// Batches, parks and re-queues running now.
     pub(super) in_flight: FuturesUnordered<BoxFuture<'static, Done>>,
-    /// Single messages and parks, each retried on its own timer.
+    /// Single messages, parks and re-queues, each retried on its own timer.
     pub(super) retrying: DelayQueue<Retry>,
     pub(super) park_backoff: Backoff,
     /// Batches the database could not take at all (unreachable), kept until
@@ -110,10 +111,10 @@ pub(super) struct Session<'a, S> {
     pub(super) started: Instant,
 }
 
-impl<'a, S: OrderStore> Session<'a, S> {
+impl<'a, A: Action> Session<'a, A> {
     /// Connects, declares the consumer's part of the topology and subscribes
     /// to the due queue.
-    pub(super) async fn open(consumer: &'a Consumer<S>) -> Result<Self, SessionError> {
+    pub(super) async fn open(consumer: &'a Consumer<A>) -> Result<Self, SessionError> {
         let (amqp, settings) = (&consumer.amqp, &consumer.settings);
         let timeout = amqp.timeout;
         let tls = TlsFiles::from_settings(amqp);
@@ -125,8 +126,8 @@ impl<'a, S: OrderStore> Session<'a, S> {
             .await?;
         let qos = channel.basic_qos(settings.prefetch, BasicQosOptions::default());
         amqp::bounded("basic.qos", timeout, qos).await?;
-        let parking = amqp::bounded("channel.open", timeout, connection.create_channel()).await?;
-        let confirms = parking.confirm_select(ConfirmSelectOptions::default());
+        let outbound = amqp::bounded("channel.open", timeout, connection.create_channel()).await?;
+        let confirms = outbound.confirm_select(ConfirmSelectOptions::default());
         amqp::bounded("confirm.select", timeout, confirms).await?;
         let (deliveries, tag) = subscribe(&channel, &consumer.ladder, timeout).await?;
         consumer.readiness.set_consuming(true);
@@ -136,9 +137,11 @@ impl<'a, S: OrderStore> Session<'a, S> {
             consumer,
             connection,
             channel,
-            parking: Parking {
-                channel: parking,
-                exchange: consumer.ladder.parked_exchange(),
+            outbound: Outbound {
+                channel: outbound,
+                parked_exchange: consumer.ladder.parked_exchange(),
+                ladder: consumer.ladder.clone(),
+                lead: consumer.lead,
                 timeout,
                 observer: consumer.observer.clone(),
             },
@@ -196,9 +199,9 @@ impl<'a, S: OrderStore> Session<'a, S> {
         }
     }
 
-    /// Starts cancel statements, up to `consumer.batch_concurrency` at once,
-    /// unless the database is unavailable: parts of split batches first, each
-    /// on its own, then up to `consumer.batch_max` ready deliveries.
+    /// Starts batches, up to `consumer.batch_concurrency` at once, unless the
+    /// action is unavailable: parts of split batches first, each on its own,
+    /// then up to `consumer.batch_max` ready deliveries.
     fn start_batches(&mut self) {
         let settings = &self.consumer.settings;
         let (batch_max, concurrency) =
@@ -215,9 +218,9 @@ impl<'a, S: OrderStore> Session<'a, S> {
             for p in &batch {
                 self.acks.set(p.tag(), State::InBatch, None);
             }
-            let store = Arc::clone(&self.consumer.store);
+            let work = Arc::clone(&self.consumer.work);
             let observed = self.consumer.observer.is_some();
-            self.in_flight.push(cancel_work(store, batch, observed));
+            self.in_flight.push(expire_work(work, batch, observed));
         }
     }
 
@@ -256,27 +259,30 @@ impl<'a, S: OrderStore> Session<'a, S> {
                     .in_scope(|| debug!(target: CONSUMER, early_ms, "held until due_at"));
                 self.held.insert(pending, early);
             }
-            Arrival::Park(reason) => self.in_flight.push(self.parking.park(delivery, reason)),
+            Arrival::Park(reason) => self.in_flight.push(self.outbound.park(delivery, reason)),
         }
         Ok(())
     }
 
-    /// A message's or a park's own retry timer fired: the message runs again
-    /// in a batch of its own (it may fail again, and must not take others with
-    /// it), the park is published again.
+    /// A message's, a park's or a re-queue's own retry timer fired: the
+    /// message runs again in a batch of its own (it may fail again, and must
+    /// not take others with it), the copy is published again.
     fn on_retry_one_due(&mut self, retry: Retry) {
         match retry {
-            Retry::Cancel(pending) => self.split.push_back(vec![*pending]),
-            Retry::Park { delivery, reason } => {
-                self.in_flight.push(self.parking.park(*delivery, reason))
+            Retry::Again(pending) => self.split.push_back(vec![*pending]),
+            Retry::Republish { delivery, what } => {
+                let span = delivery_span(&delivery, None);
+                self.in_flight
+                    .push(self.outbound.send(*delivery, what, span))
             }
         }
     }
 
-    /// A held delivery's timer fired: ready if its `due_at` has passed (the
-    /// timer has millisecond granularity), held again otherwise.
+    /// A held delivery's timer fired: ready if its `due_at` (or later
+    /// `not_before`) has passed (the timer has millisecond granularity), held
+    /// again otherwise.
     fn on_hold_expired(&mut self, pending: Pending) {
-        match (pending.message.due_at - Utc::now()).to_std() {
+        match (pending.message.process_at() - Utc::now()).to_std() {
             Ok(left) if !left.is_zero() => {
                 self.held.insert(pending, left);
             }

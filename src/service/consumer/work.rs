@@ -1,28 +1,32 @@
-//! The consumer's unit of work, a batch of due messages cancelled by one atomic
-//! statement, and what finished work reports back to the session.
+//! The consumer's unit of work: a batch of due messages, each asked about at
+//! the payment gateway first (when `action.check` is on), then expired by the
+//! [`Action`] in one call, and what finished work reports back to the session.
 //!
-//! A batch ends in one of three ways: settled (each message cancelled, not
-//! unpaid, unknown, or busy: locked by a payment, retried alone later), failed
-//! with a store error (the session isolates the order at fault, see
-//! `finished.rs`), or the broker failed.
+//! A batch ends in one of three ways: settled (each message acked with its
+//! outcome, retried alone, parked, or sent through the ladder again), failed
+//! as a whole with an [`ActionError`] (the session isolates the order at fault,
+//! see `finished.rs`), or the broker failed.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, join_all};
 use lapin::message::Delivery;
 use tracing::{debug, info};
 
-use super::park::ParkError;
+use super::decide::{AfterCheck, Next, after_action, after_check};
+use super::outbound::OutboundError;
 use super::session::SessionError;
 use super::{Handled, Outcome};
 use crate::publisher::ExpiryMessage;
 use crate::service::CONSUMER;
-use crate::service::orders::{Disposition, OrderStore, StoreError};
+use crate::service::action::{Action, ActionError, Expiring, PaymentCheck};
+use crate::settings::CheckSettings;
 use crate::telemetry::{EARLY_TOTAL, LATENESS_SECONDS, MESSAGES_TOTAL};
 
-/// A decoded delivery waiting for, or in, a cancel statement, with its span.
+/// A decoded delivery waiting for, or in, a batch, with its span.
 pub(super) struct Pending {
     pub(super) delivery: Delivery,
     pub(super) message: ExpiryMessage,
@@ -45,18 +49,41 @@ impl Pending {
     pub(super) fn tag(&self) -> u64 {
         self.delivery.delivery_tag
     }
+
+    fn expiring(&self) -> Expiring<'_> {
+        Expiring {
+            message: &self.message,
+            message_id: self
+                .delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|id| id.as_str()),
+        }
+    }
+}
+
+/// What the batches of one consumer need: the action, the optional payment
+/// check and the re-check schedule of orders not found.
+pub(super) struct Work<A> {
+    pub(super) action: Arc<A>,
+    pub(super) check: Option<(PaymentCheck, CheckSettings)>,
+    pub(super) unknown_rechecks: Vec<Duration>,
 }
 
 /// Work that ran concurrently with the delivery loop, finished.
 pub(super) enum Done {
-    /// A parked delivery was acked (singly, by the park work).
-    Parked(u64),
+    /// A delivery was acked singly after its confirmed copy (parked, or sent
+    /// through the ladder again).
+    Republished(u64),
     /// A batch went through: `handled` may be acked, each with what the
-    /// observer is told once it is; `busy` were locked by another transaction
-    /// and are retried alone later.
+    /// observer is told once it is; the others are retried alone later,
+    /// parked, or sent through the ladder again.
     Settled {
         handled: Vec<(u64, Option<Handled>)>,
-        busy: Vec<Pending>,
+        retry: Vec<(Pending, String)>,
+        park: Vec<(Pending, String)>,
+        requeue: Vec<(Pending, ExpiryMessage, Outcome)>,
     },
     /// It failed in a way worth retrying after a backoff.
     Failed(Failed),
@@ -66,16 +93,17 @@ pub(super) enum Done {
 
 /// Failed work, its deliveries unacked.
 pub(super) enum Failed {
-    /// The database failed the batch; `error.class()` says what happens next.
-    Store {
+    /// The action failed the batch; `error.class()` says what happens next.
+    Action {
         batch: Vec<Pending>,
-        error: StoreError,
+        error: ActionError,
     },
-    /// The parked copy was not confirmed.
-    Park {
+    /// The parked copy, or the message sent through the ladder again, was not
+    /// confirmed.
+    Republish {
         delivery: Box<Delivery>,
-        reason: String,
-        error: ParkError,
+        what: super::outbound::Republish,
+        error: OutboundError,
     },
 }
 
@@ -83,75 +111,89 @@ impl Failed {
     /// Deliveries it holds unacked.
     pub(super) fn deliveries(&self) -> usize {
         match self {
-            Self::Store { batch, .. } => batch.len(),
-            Self::Park { .. } => 1,
+            Self::Action { batch, .. } => batch.len(),
+            Self::Republish { .. } => 1,
         }
     }
 }
 
-/// Cancels a batch of due messages with one atomic statement and records each
-/// final outcome: the unit of work, usable without a broker. A
-/// [`Disposition::Busy`] order (locked by another transaction) is not final:
-/// the caller tries it again later.
-pub async fn cancel_batch<S: OrderStore>(
-    store: &S,
-    messages: &[&ExpiryMessage],
-) -> Result<Vec<Disposition>, StoreError> {
-    let dispositions = store.cancel_unpaid(messages).await?;
-    let now = Utc::now();
-    for (message, disposition) in messages.iter().zip(&dispositions) {
-        if let Some(outcome) = outcome(*disposition) {
-            record(message, outcome, now);
-        }
-    }
-    Ok(dispositions)
-}
-
-/// The final outcome of a disposition; `None` for one to try again (busy).
-fn outcome(disposition: Disposition) -> Option<Outcome> {
-    match disposition {
-        Disposition::Cancelled => Some(Outcome::Cancelled),
-        Disposition::NotUnpaid => Some(Outcome::NotUnpaid),
-        Disposition::Unknown => Some(Outcome::Unknown),
-        Disposition::Busy => None,
-    }
-}
-
-/// `cancel_batch` for `batch`, as concurrent work of the session.
-pub(super) fn cancel_work<S: OrderStore>(
-    store: Arc<S>,
+/// Checks and expires `batch`, as concurrent work of the session.
+pub(super) fn expire_work<A: Action>(
+    work: Arc<Work<A>>,
     batch: Vec<Pending>,
     observed: bool,
 ) -> BoxFuture<'static, Done> {
     async move {
-        let messages: Vec<&ExpiryMessage> = batch.iter().map(|p| &p.message).collect();
-        let dispositions = match cancel_batch(store.as_ref(), &messages).await {
-            Ok(dispositions) => dispositions,
-            Err(error) => return Done::Failed(Failed::Store { batch, error }),
-        };
-        let now = Utc::now();
-        // The session acks the handled ones, with `multiple` where it can.
-        let mut handled = Vec::with_capacity(batch.len());
-        let mut busy = Vec::new();
-        for (p, disposition) in batch.into_iter().zip(dispositions) {
-            let Some(outcome) = outcome(disposition) else {
-                busy.push(p);
-                continue;
-            };
-            log_outcome(&p, outcome, now);
-            let seen = observed.then(|| Handled {
-                order_id: Some(p.message.order_id.clone()),
-                outcome,
-                at: now,
-            });
-            handled.push((p.tag(), seen));
+        let mut next: Vec<Option<Next>> = vec![None; batch.len()];
+        if let Some((check, settings)) = &work.check {
+            let answers = join_all(batch.iter().map(|p| check.ask(&p.message))).await;
+            let now = Utc::now();
+            for ((slot, p), answer) in next.iter_mut().zip(&batch).zip(answers) {
+                if let AfterCheck::Then(then) = after_check(answer, &p.message, settings, now) {
+                    *slot = Some(then);
+                }
+            }
         }
-        Done::Settled { handled, busy }
+        let act: Vec<usize> = (0..batch.len()).filter(|i| next[*i].is_none()).collect();
+        if !act.is_empty() {
+            let due: Vec<Expiring<'_>> = act.iter().map(|i| batch[*i].expiring()).collect();
+            let verdicts = match work.action.expire(&due).await {
+                Ok(v) if v.len() == due.len() => v,
+                Ok(v) => {
+                    let error = ActionError::Unavailable(format!(
+                        "the action returned {} verdicts for {} messages",
+                        v.len(),
+                        due.len()
+                    ));
+                    return Done::Failed(Failed::Action { batch, error });
+                }
+                Err(error) => return Done::Failed(Failed::Action { batch, error }),
+            };
+            let now = Utc::now();
+            for (i, verdict) in act.into_iter().zip(verdicts) {
+                let message = &batch[i].message;
+                next[i] = Some(after_action(verdict, message, &work.unknown_rechecks, now));
+            }
+        }
+        settle(batch, next, observed)
     }
     .boxed()
 }
 
-fn record(message: &ExpiryMessage, outcome: Outcome, now: DateTime<Utc>) {
+/// Sorts a batch by what happens next; counts and logs what is handled.
+fn settle(batch: Vec<Pending>, next: Vec<Option<Next>>, observed: bool) -> Done {
+    let now = Utc::now();
+    let mut handled = Vec::with_capacity(batch.len());
+    let (mut retry, mut park, mut requeue) = (Vec::new(), Vec::new(), Vec::new());
+    for (p, next) in batch.into_iter().zip(next) {
+        match next {
+            Some(Next::Ack(outcome)) => {
+                record(&p.message, outcome, now);
+                log_outcome(&p, outcome, now);
+                let seen = observed.then(|| Handled {
+                    order_id: Some(p.message.order_id.clone()),
+                    outcome,
+                    at: now,
+                });
+                handled.push((p.tag(), seen));
+            }
+            Some(Next::Retry(reason)) => retry.push((p, reason)),
+            Some(Next::Park(reason)) => park.push((p, reason)),
+            Some(Next::Requeue(message, outcome)) => requeue.push((p, message, outcome)),
+            // Every slot is filled above; an empty one would be a bug: retry it.
+            None => retry.push((p, "not handled".into())),
+        }
+    }
+    Done::Settled {
+        handled,
+        retry,
+        park,
+        requeue,
+    }
+}
+
+/// Counts one handled message; for a cancel, its lateness.
+pub(super) fn record(message: &ExpiryMessage, outcome: Outcome, now: DateTime<Utc>) {
     metrics::counter!(MESSAGES_TOTAL.name, "outcome" => outcome.label()).increment(1);
     if outcome == Outcome::Cancelled {
         let lateness = lateness_secs(message, now);
@@ -162,8 +204,10 @@ fn record(message: &ExpiryMessage, outcome: Outcome, now: DateTime<Utc>) {
     }
 }
 
+/// How long after the message was due to be processed (`due_at`, or a later
+/// `not_before` after a re-check) this is.
 fn lateness_secs(message: &ExpiryMessage, now: DateTime<Utc>) -> f64 {
-    (now - message.due_at)
+    (now - message.process_at())
         .num_microseconds()
         .unwrap_or(i64::MAX) as f64
         / 1e6
@@ -186,7 +230,7 @@ pub(super) fn delivery_span(delivery: &Delivery, order_id: Option<&str>) -> trac
 }
 
 /// Records the outcome on the delivery's span and logs it there.
-fn log_outcome(pending: &Pending, outcome: Outcome, now: DateTime<Utc>) {
+pub(super) fn log_outcome(pending: &Pending, outcome: Outcome, now: DateTime<Utc>) {
     pending.span.record("outcome", outcome.label());
     let _entered = pending.span.enter();
     match outcome {
@@ -194,7 +238,8 @@ fn log_outcome(pending: &Pending, outcome: Outcome, now: DateTime<Utc>) {
             let lateness_ms = lateness_secs(&pending.message, now) * 1e3;
             debug!(target: CONSUMER, lateness_ms, "handled");
         }
-        Outcome::Unknown => info!(target: CONSUMER, "due order does not exist"),
+        Outcome::Unknown => info!(target: CONSUMER, rechecks = pending.message.unknown_rechecks,
+            "due order does not exist"),
         _ => debug!(target: CONSUMER, "handled"),
     }
 }

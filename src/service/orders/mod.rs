@@ -14,6 +14,7 @@ mod postgres;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use thiserror::Error;
 
 pub use self::failure::{FailureClass, classify};
@@ -29,6 +30,9 @@ pub enum Disposition {
     NotUnpaid,
     /// No such order.
     Unknown,
+    /// Still unpaid, but its deadline was extended past this message's
+    /// `due_at`: the message is stale and changes nothing (the deadline rule).
+    Extended,
     /// Still unpaid, but another transaction holds its row lock (a payment in
     /// progress): the cancel skipped it; try this one again later.
     Busy,
@@ -124,30 +128,46 @@ pub trait OrderStore: Send + Sync + 'static {
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
-/// One disposition per id from what the statements returned: the ids the cancel
-/// returned, and of the others those that exist, each with whether it is still
-/// unpaid (skipped because locked). A repeated id is `Cancelled` the first time
-/// only: the second delivery changed nothing.
+/// What `exists_sql` says about one existing order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Existing {
+    /// Still unpaid (the second column; `false` for a one-column statement).
+    unpaid: bool,
+    /// Its payment deadline now (the third column, when there is one).
+    deadline: Option<DateTime<Utc>>,
+}
+
+/// One disposition per message from what the statements returned: the ids the
+/// cancel returned, and of the others those that exist, each with whether it is
+/// still unpaid and its deadline. An unpaid order the cancel left alone is
+/// `Extended` when its deadline is later than the message's `due_at`, `Busy`
+/// (skipped because locked) otherwise. A repeated id is `Cancelled` the first
+/// time only: the second delivery changed nothing.
 fn dispositions(
-    ids: &[&str],
+    messages: &[&ExpiryMessage],
     cancelled: &HashSet<String>,
-    existing: &HashMap<String, bool>,
+    existing: &HashMap<String, Existing>,
 ) -> Vec<Disposition> {
-    let mut seen: HashSet<&str> = HashSet::with_capacity(ids.len());
-    ids.iter()
-        .map(|id| {
+    let mut seen: HashSet<&str> = HashSet::with_capacity(messages.len());
+    messages
+        .iter()
+        .map(|message| {
+            let id = message.order_id.as_str();
             let first = seen.insert(id);
-            if cancelled.contains(*id) {
+            if cancelled.contains(id) {
                 if first {
                     Disposition::Cancelled
                 } else {
                     Disposition::NotUnpaid
                 }
-            } else if let Some(unpaid) = existing.get(*id) {
-                if *unpaid {
-                    Disposition::Busy
-                } else {
-                    Disposition::NotUnpaid
+            } else if let Some(order) = existing.get(id) {
+                match order {
+                    Existing { unpaid: false, .. } => Disposition::NotUnpaid,
+                    Existing {
+                        deadline: Some(deadline),
+                        ..
+                    } if *deadline > message.due_at => Disposition::Extended,
+                    _ => Disposition::Busy,
                 }
             } else {
                 Disposition::Unknown
@@ -160,24 +180,70 @@ fn dispositions(
 mod tests {
     use super::*;
 
+    use chrono::TimeDelta;
+
     fn set(ids: &[&str]) -> HashSet<String> {
         ids.iter().map(|s| s.to_string()).collect()
     }
 
-    fn existing(rows: &[(&str, bool)]) -> HashMap<String, bool> {
-        rows.iter().map(|(id, u)| (id.to_string(), *u)).collect()
+    fn due() -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339("2026-11-30T10:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc)
+    }
+
+    fn existing(rows: &[(&str, bool, Option<i64>)]) -> HashMap<String, Existing> {
+        rows.iter()
+            .map(|(id, unpaid, deadline_s)| {
+                let deadline = deadline_s.map(|s| due() + TimeDelta::seconds(s));
+                (
+                    id.to_string(),
+                    Existing {
+                        unpaid: *unpaid,
+                        deadline,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    fn messages(ids: &[&str]) -> Vec<ExpiryMessage> {
+        ids.iter()
+            .map(|id| ExpiryMessage::new(crate::OrderId::new(*id).unwrap(), due()))
+            .collect()
+    }
+
+    fn of(
+        ids: &[&str],
+        cancelled: &[&str],
+        rows: &[(&str, bool, Option<i64>)],
+    ) -> Vec<Disposition> {
+        let messages = messages(ids);
+        let refs: Vec<&ExpiryMessage> = messages.iter().collect();
+        dispositions(&refs, &set(cancelled), &existing(rows))
     }
 
     #[test]
-    fn dispositions_tell_cancelled_paid_busy_and_unknown_apart() {
-        let rows = existing(&[("b", false), ("d", true)]);
-        let got = dispositions(&["a", "b", "c", "d"], &set(&["a"]), &rows);
+    fn dispositions_tell_cancelled_paid_extended_busy_and_unknown_apart() {
+        let rows = [
+            ("b", false, Some(60)),
+            ("d", true, None),
+            ("e", true, Some(60)),
+            ("f", true, Some(0)),
+            ("g", true, Some(-60)),
+        ];
+        let got = of(&["a", "b", "c", "d", "e", "f", "g"], &["a"], &rows);
         assert_eq!(
             got,
             [
                 Disposition::Cancelled,
                 Disposition::NotUnpaid,
                 Disposition::Unknown,
+                // Unpaid, no deadline or not later than due_at: locked.
+                Disposition::Busy,
+                // Unpaid, deadline later than this message's due_at: stale.
+                Disposition::Extended,
+                Disposition::Busy,
                 Disposition::Busy,
             ]
         );
@@ -185,7 +251,7 @@ mod tests {
 
     #[test]
     fn a_repeated_id_is_cancelled_once() {
-        let got = dispositions(&["a", "a"], &set(&["a"]), &existing(&[("a", false)]));
+        let got = of(&["a", "a"], &["a"], &[("a", false, None)]);
         assert_eq!(got, [Disposition::Cancelled, Disposition::NotUnpaid]);
     }
 }

@@ -16,7 +16,7 @@ use secrecy::ExposeSecret;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row, Statement};
 
-use super::{Disposition, OrderStore, StoreError, dispositions};
+use super::{Disposition, Existing, OrderStore, StoreError, dispositions};
 use crate::publisher::ExpiryMessage;
 use crate::settings::{DatabaseSettings, Settings, redact_url, scrub_url};
 
@@ -116,40 +116,30 @@ impl OrderStore for PgOrderStore {
         messages: &[&ExpiryMessage],
     ) -> Result<Vec<Disposition>, StoreError> {
         let ids: Vec<&str> = messages.iter().map(|m| m.order_id.as_str()).collect();
+        let due_at: Vec<DateTime<Utc>> = messages.iter().map(|m| m.due_at).collect();
         let mut db = self.checkout().await?;
         let cancel = db.prepare("database.cancel_sql", &self.cancel_sql).await?;
-        // $1 the ids (text[]); a statement with a second parameter gets the
-        // messages' due_at (timestamptz[]) as $2.
-        let due_at: Vec<DateTime<Utc>>;
-        let rows = match cancel.params().len() {
-            1 => db.query(&cancel, &[&ids]).await?,
-            2 => {
-                due_at = messages.iter().map(|m| m.due_at).collect();
-                db.query(&cancel, &[&ids, &due_at]).await?
-            }
-            n => {
-                return Err(shape(
-                    "database.cancel_sql",
-                    format!("has {n} parameters, not 1 ($1 ids) or 2 ($2 due_at)"),
-                ));
-            }
-        };
+        let rows =
+            query_ids_and_due_at(&mut db, "database.cancel_sql", &cancel, &ids, &due_at).await?;
         let cancelled: HashSet<String> = ids_of("database.cancel_sql", &rows)?;
-        // Only the ids not cancelled need telling apart (paid, locked or
-        // unknown): usually none.
-        let rest: Vec<&str> = ids
+        // Only the ids not cancelled need telling apart (paid, extended,
+        // locked or unknown): usually none.
+        let (rest, rest_due_at): (Vec<&str>, Vec<DateTime<Utc>>) = ids
             .iter()
-            .copied()
-            .filter(|id| !cancelled.contains(*id))
-            .collect();
+            .zip(&due_at)
+            .filter(|(id, _)| !cancelled.contains(**id))
+            .map(|(id, at)| (*id, *at))
+            .unzip();
         let existing = if rest.is_empty() {
             HashMap::new()
         } else {
             let exists = db.prepare("database.exists_sql", &self.exists_sql).await?;
-            let rows = db.query(&exists, &[&rest]).await?;
+            let rows =
+                query_ids_and_due_at(&mut db, "database.exists_sql", &exists, &rest, &rest_due_at)
+                    .await?;
             self.existing(&exists, &rows)?
         };
-        Ok(dispositions(&ids, &cancelled, &existing))
+        Ok(dispositions(messages, &cancelled, &existing))
     }
 
     async fn sweep_overdue(&self, grace: Duration, limit: u32) -> Result<Vec<String>, StoreError> {
@@ -170,13 +160,14 @@ impl OrderStore for PgOrderStore {
 
 impl PgOrderStore {
     /// What `exists_sql` returned: each existing id, with whether it is still
-    /// unpaid (second column, boolean). A one-column statement says only that
-    /// they exist, which is enough unless the cancel skips locked rows.
+    /// unpaid (second column, boolean) and its deadline (third column,
+    /// timestamptz, optional). A one-column statement says only that they
+    /// exist, which is enough unless the cancel skips locked rows.
     fn existing(
         &self,
         exists: &Statement,
         rows: &[Row],
-    ) -> Result<HashMap<String, bool>, StoreError> {
+    ) -> Result<HashMap<String, Existing>, StoreError> {
         const SETTING: &str = "database.exists_sql";
         match exists.columns().len() {
             1 if self.skips_locked => Err(shape(
@@ -187,23 +178,57 @@ impl PgOrderStore {
             )),
             1 => Ok(ids_of::<Vec<String>>(SETTING, rows)?
                 .into_iter()
-                .map(|id| (id, false))
+                .map(|id| {
+                    let unknown = Existing {
+                        unpaid: false,
+                        deadline: None,
+                    };
+                    (id, unknown)
+                })
                 .collect()),
-            2 => rows
+            n @ (2 | 3) => rows
                 .iter()
-                .map(|row| Ok((row.try_get(0)?, row.try_get::<_, bool>(1)?)))
+                .map(|row| {
+                    let deadline = match n {
+                        3 => row.try_get::<_, Option<DateTime<Utc>>>(2)?,
+                        _ => None,
+                    };
+                    let unpaid = row.try_get::<_, bool>(1)?;
+                    Ok((row.try_get(0)?, Existing { unpaid, deadline }))
+                })
                 .collect::<Result<_, tokio_postgres::Error>>()
                 .map_err(|e| {
                     shape(
                         SETTING,
-                        format!("returns other types than (text, boolean): {e}"),
+                        format!("returns other types than (text, boolean[, timestamptz]): {e}"),
                     )
                 }),
             n => Err(shape(
                 SETTING,
-                format!("returns {n} columns, not 1 (id) or 2 (id, still unpaid)"),
+                format!(
+                    "returns {n} columns, not 1 (id), 2 (id, still unpaid) or 3 (id, still unpaid, deadline)"
+                ),
             )),
         }
+    }
+}
+
+/// Runs a statement that takes `$1` the ids (text[]) and, when it declares a
+/// second parameter, `$2` their messages' `due_at` (timestamptz[]).
+async fn query_ids_and_due_at(
+    db: &mut Checkout,
+    setting: &'static str,
+    statement: &Statement,
+    ids: &[&str],
+    due_at: &[DateTime<Utc>],
+) -> Result<Vec<Row>, StoreError> {
+    match statement.params().len() {
+        1 => db.query(statement, &[&ids]).await,
+        2 => db.query(statement, &[&ids, &due_at]).await,
+        n => Err(shape(
+            setting,
+            format!("has {n} parameters, not 1 ($1 ids) or 2 ($2 due_at)"),
+        )),
     }
 }
 

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use order_expiry::{Consumer, Handled, PgOrderStore, Readiness, Settings};
+use order_expiry::{
+    Action, ConfiguredAction, Consumer, Handled, PgOrderStore, Readiness, Settings,
+};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
 
@@ -24,9 +26,21 @@ pub struct RunningConsumer {
 impl RunningConsumer {
     /// Starts a consumer for `settings` on `store`.
     pub fn start(settings: &Settings, store: Arc<PgOrderStore>) -> Self {
+        Self::with_action(settings, store)
+    }
+
+    /// Starts a consumer with the action `settings.action.kind` selects (the
+    /// SQL one on `store`), as `serve` builds it.
+    pub fn configured(settings: &Settings, store: Arc<PgOrderStore>) -> Self {
+        let action = ConfiguredAction::from_settings(settings, Some(store)).expect("the action");
+        Self::with_action(settings, Arc::new(action))
+    }
+
+    /// Starts a consumer for `settings` expiring through `action`.
+    pub fn with_action<A: Action>(settings: &Settings, action: Arc<A>) -> Self {
         let readiness = Arc::new(Readiness::default());
         let mut consumer =
-            Consumer::new(settings, store, Arc::clone(&readiness)).expect("consumer");
+            Consumer::new(settings, action, Arc::clone(&readiness)).expect("consumer");
         let outcomes = consumer.observe();
         let stop = CancellationToken::new();
         let task = tokio::spawn(consumer.run(stop.clone()));

@@ -10,6 +10,9 @@
 //! - [`served`]: [`Served`]: `order-expiry serve` as a child, its HTTP endpoint.
 //! - [`procfs`]: memory and CPU of processes, from `/proc`.
 //! - [`proxy`]: [`Proxy`]: a TCP proxy that can turn into a black hole.
+//! - [`endpoint`]: [`Endpoint`]: a scripted local order service (the HTTP
+//!   action's expire endpoint) and payment gateway (the check), recording
+//!   every request.
 //!
 //! To run a test against another broker, build its world with
 //! `World::builder().amqp_port(5673)`, or set `ORDER_EXPIRY_TEST_AMQP_PORT`
@@ -20,6 +23,7 @@
 
 pub mod child;
 pub mod consumer;
+pub mod endpoint;
 pub mod procfs;
 pub mod proxy;
 pub mod served;
@@ -28,6 +32,7 @@ pub mod world;
 
 pub use self::child::{Child, Launch, settings_env};
 pub use self::consumer::RunningConsumer;
+pub use self::endpoint::{Endpoint, Reply, Request};
 pub use self::proxy::Proxy;
 pub use self::served::{ReadyWatch, Served, http_get, metric_value};
 pub use self::services::{

@@ -276,6 +276,12 @@ impl World {
         RunningConsumer::start(&self.settings, Arc::clone(&self.store))
     }
 
+    /// The real consumer for `settings` (this world's, changed: another action,
+    /// the payment check), with the action they select.
+    pub fn start_consumer_with(&self, settings: &Settings) -> RunningConsumer {
+        RunningConsumer::configured(settings, Arc::clone(&self.store))
+    }
+
     /// Inserts unpaid orders with their deadlines, in one statement.
     pub async fn insert_orders(&self, orders: &[(String, DateTime<Utc>)]) -> anyhow::Result<()> {
         let ids: Vec<&str> = orders.iter().map(|(id, _)| id.as_str()).collect();

@@ -1,0 +1,144 @@
+//! The event action: an `order.expired` event for event-driven order services,
+//! published persistent and `mandatory` to `action.amqp.exchange` with
+//! `action.amqp.routing_key`, on a connection of its own with publisher
+//! confirms. The due message is acked only after the event's confirm.
+//!
+//! Body: `{"order_id", "due_at", "expired_at", "message_id"}`, content type
+//! `application/json`; properties `type = order.expired` and `message_id` =
+//! the idempotency key of the deadline (`order-expiry:<id>:<due_at>`), the same
+//! for every redelivery, so subscribers can drop duplicates.
+//!
+//! An event the exchange routes nowhere, or that the broker nacks, is retried
+//! alone with backoff (and logged): nothing is acked before someone could have
+//! received it. A missing exchange closes the channel: the batch waits, intake
+//! pauses and the link is re-opened. order-expiry declares nothing here: the
+//! exchange and its bindings belong to the services that consume the events.
+
+use chrono::{SecondsFormat, Utc};
+use futures::future::join_all;
+use lapin::options::BasicPublishOptions;
+use lapin::{BasicProperties, Confirmation};
+use serde_json::json;
+
+use super::{Action, ActionError, Expiring, Verdict, idempotency_key};
+use crate::amqp::{self, BrokerError, ConfirmLink, TlsFiles};
+use crate::settings::Settings;
+
+/// The `order.expired` event publisher; see the module docs.
+pub struct EventAction {
+    link: ConfirmLink,
+    exchange: String,
+    routing_key: String,
+}
+
+impl std::fmt::Debug for EventAction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventAction")
+            .field("exchange", &self.exchange)
+            .field("routing_key", &self.routing_key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EventAction {
+    /// Events to `action.amqp` on the broker of `amqp.url`; connects on first use.
+    pub fn new(settings: &Settings) -> Self {
+        let tls = TlsFiles::from_settings(&settings.amqp);
+        Self {
+            link: ConfirmLink::new(
+                settings.amqp.url.clone(),
+                tls,
+                "order-expiry events",
+                settings.amqp.timeout,
+            ),
+            exchange: settings.action.amqp.exchange.clone(),
+            routing_key: settings.action.amqp.routing_key.clone(),
+        }
+    }
+
+    /// Closes its connection.
+    pub async fn close(&self) {
+        self.link.close().await;
+    }
+}
+
+/// The event for one due message.
+fn event(due: Expiring<'_>) -> (Vec<u8>, BasicProperties) {
+    let message = due.message;
+    let millis = |at: chrono::DateTime<Utc>| at.to_rfc3339_opts(SecondsFormat::Millis, true);
+    let body = json!({
+        "order_id": message.order_id.as_str(),
+        "due_at": millis(message.due_at),
+        "expired_at": millis(Utc::now()),
+        "message_id": due.message_id,
+    });
+    let properties = BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_delivery_mode(2)
+        .with_type("order.expired".into())
+        .with_message_id(idempotency_key(message).as_str().into())
+        .with_timestamp(u64::try_from(Utc::now().timestamp()).unwrap_or(0));
+    (body.to_string().into_bytes(), properties)
+}
+
+impl Action for EventAction {
+    async fn expire(&self, due: &[Expiring<'_>]) -> Result<Vec<Verdict>, ActionError> {
+        let (channel, link_id) = self
+            .link
+            .channel()
+            .await
+            .map_err(|e| ActionError::Unavailable(format!("order.expired events: {e}")))?;
+        let options = BasicPublishOptions {
+            mandatory: true,
+            ..BasicPublishOptions::default()
+        };
+        // Pipelined: every event published, then every confirm awaited.
+        let publishes = due.iter().map(|d| {
+            let (body, properties) = event(*d);
+            let channel = channel.clone();
+            let (exchange, key) = (self.exchange.as_str(), self.routing_key.as_str());
+            let publishing = async move {
+                channel
+                    .basic_publish(exchange.into(), key.into(), options, &body, properties)
+                    .await?
+                    .await
+            };
+            amqp::bounded("order.expired confirm", self.link.timeout, publishing)
+        });
+        let answers = join_all(publishes).await;
+        if let Some(Err(error)) = answers.iter().find(|a| a.is_err()) {
+            let timed_out = matches!(error, BrokerError::Timeout { .. });
+            self.link.forget(&channel, link_id, timed_out).await;
+        }
+        if let Some(Err(error)) = answers.first()
+            && answers.iter().all(Result::is_err)
+        {
+            return Err(ActionError::Unavailable(format!(
+                "order.expired to exchange {:?}: {error}",
+                self.exchange
+            )));
+        }
+        Ok(answers
+            .into_iter()
+            .map(|answer| self.verdict(answer))
+            .collect())
+    }
+}
+
+impl EventAction {
+    fn verdict(&self, answer: Result<Confirmation, BrokerError>) -> Verdict {
+        let exchange = &self.exchange;
+        match answer {
+            Ok(Confirmation::Ack(None)) => Verdict::Cancelled,
+            Ok(Confirmation::Ack(Some(returned))) => Verdict::Retry(format!(
+                "order.expired event unroutable: exchange {exchange:?} routed it to no queue \
+                 with key {:?} ({} {}); bind a queue to it",
+                self.routing_key, returned.reply_code, returned.reply_text
+            )),
+            Ok(_) => Verdict::Retry(format!(
+                "order.expired event nacked by the broker (exchange {exchange:?})"
+            )),
+            Err(error) => Verdict::Retry(format!("order.expired event: {error}")),
+        }
+    }
+}

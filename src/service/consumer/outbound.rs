@@ -1,0 +1,250 @@
+//! What the consumer publishes itself, on its confirm-mode channel, before it
+//! acks a delivery: a parked copy (a message that can never be processed, with
+//! its reason, to `P.parked`) or the message sent through the ladder again (the
+//! next payment check step; an order not found yet). The delivery is acked only
+//! once the broker confirmed the copy: nothing is dropped silently.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicPublishOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Confirmation};
+use thiserror::Error;
+use tracing::{Instrument, debug, info, warn};
+
+use super::session::SessionError;
+use super::work::{Done, Failed, Pending, delivery_span, record};
+use super::{Handled, Observer, Outcome};
+use crate::amqp::{self, BrokerError};
+use crate::publisher::{ExpiryMessage, Outgoing};
+use crate::service::CONSUMER;
+use crate::telemetry::{MESSAGES_TOTAL, PARKED_TOTAL};
+use crate::topology::Ladder;
+
+/// The broker did not take the copy: the delivery stays unacked and the
+/// publish is retried after a backoff.
+#[derive(Debug, Error)]
+pub(super) enum OutboundError {
+    #[error("exchange {exchange} did not route it ({reply_code} {reply_text})")]
+    Unroutable {
+        exchange: String,
+        reply_code: u16,
+        reply_text: String,
+    },
+    #[error("the broker nacked it")]
+    Nacked,
+    #[error("no confirm within {0:?}")]
+    Timeout(Duration),
+}
+
+/// What to publish for a delivery before acking it.
+#[derive(Debug, Clone)]
+pub(super) enum Republish {
+    /// A copy to `P.parked` with this `x-parked-reason`.
+    Park(String),
+    /// This message through the ladder, counted with this outcome once acked.
+    Requeue(Box<ExpiryMessage>, Outcome),
+}
+
+/// The session's confirm-mode channel and where things go.
+#[derive(Clone)]
+pub(super) struct Outbound {
+    /// In confirm mode.
+    pub(super) channel: Channel,
+    pub(super) parked_exchange: String,
+    pub(super) ladder: Ladder,
+    /// `publisher.lead_ms`: a message sent through the ladder again arrives up
+    /// to this much (plus its sub-second remainder) early, and is held.
+    pub(super) lead: Duration,
+    pub(super) timeout: Duration,
+    pub(super) observer: Option<Observer>,
+}
+
+impl Outbound {
+    /// Copies `delivery` to the parked exchange with `reason`, then acks it.
+    pub(super) fn park(&self, delivery: Delivery, reason: String) -> BoxFuture<'static, Done> {
+        let span = delivery_span(&delivery, None);
+        self.send(delivery, Republish::Park(reason), span)
+    }
+
+    /// Sends `message` through the ladder, then acks `pending`'s delivery.
+    pub(super) fn requeue(
+        &self,
+        pending: Pending,
+        message: ExpiryMessage,
+        outcome: Outcome,
+    ) -> BoxFuture<'static, Done> {
+        let what = Republish::Requeue(Box::new(message), outcome);
+        self.send(pending.delivery, what, pending.span)
+    }
+
+    /// Publishes what `what` says for `delivery`, confirmed, then acks it.
+    pub(super) fn send(
+        &self,
+        delivery: Delivery,
+        what: Republish,
+        span: tracing::Span,
+    ) -> BoxFuture<'static, Done> {
+        let outbound = self.clone();
+        async move {
+            let published = match &what {
+                Republish::Park(reason) => {
+                    warn!(target: CONSUMER, reason = %reason, size = delivery.data.len(), "parking message");
+                    outbound.publish_parked(&delivery, reason).await
+                }
+                Republish::Requeue(message, _) => match outbound.publish_again(&delivery, message).await {
+                    Ok(published) => published,
+                    Err(too_long) => {
+                        // Validated at start-up: only a clock far off gets here.
+                        let reason = format!("cannot send it through the ladder again: {too_long}");
+                        return outbound.send(delivery, Republish::Park(reason), tracing::Span::current()).await;
+                    }
+                },
+            };
+            match published {
+                Ok(()) => outbound.acked(delivery, what).await,
+                Err(Publish::Refused(error)) => Done::Failed(Failed::Republish {
+                    delivery: Box::new(delivery),
+                    what,
+                    error,
+                }),
+                Err(Publish::Broken(error)) => Done::BrokerFailed(error),
+            }
+        }
+        .instrument(span)
+        .boxed()
+    }
+
+    async fn publish_parked(&self, delivery: &Delivery, reason: &str) -> Result<(), Publish> {
+        let options = BasicPublishOptions {
+            mandatory: true,
+            ..BasicPublishOptions::default()
+        };
+        let exchange = self.parked_exchange.as_str();
+        let publishing = async {
+            let properties = parked_properties(delivery, reason);
+            self.channel
+                .basic_publish(
+                    exchange.into(),
+                    "".into(),
+                    options,
+                    &delivery.data,
+                    properties,
+                )
+                .await?
+                .await
+        };
+        let answer = amqp::bounded(
+            "publishing to the parked exchange",
+            self.timeout,
+            publishing,
+        );
+        confirmed(answer.await, exchange)
+    }
+
+    /// Publishes `message` into the ladder; `Err` if its delay is beyond the ladder.
+    async fn publish_again(
+        &self,
+        delivery: &Delivery,
+        message: &ExpiryMessage,
+    ) -> Result<Result<(), Publish>, crate::topology::DelayTooLong> {
+        let message_id = match delivery.properties.message_id() {
+            Some(id) => id.to_string(),
+            None => uuid::Uuid::new_v4().to_string(),
+        };
+        let outgoing = Outgoing::new(message, &self.ladder, self.lead, &message_id, Utc::now())?;
+        let answer = amqp::bounded(
+            "publishing into the ladder",
+            self.timeout,
+            outgoing.publish(&self.channel),
+        );
+        Ok(confirmed(answer.await, &outgoing.route.exchange))
+    }
+
+    /// The copy is confirmed: count it, ack the original, tell the observer.
+    async fn acked(&self, delivery: Delivery, what: Republish) -> Done {
+        let (order_id, outcome) = match &what {
+            Republish::Park(_) => {
+                metrics::counter!(MESSAGES_TOTAL.name, "outcome" => Outcome::Parked.label())
+                    .increment(1);
+                metrics::counter!(PARKED_TOTAL.name).increment(1);
+                tracing::Span::current().record("outcome", Outcome::Parked.label());
+                debug!(target: CONSUMER, "handled");
+                (None, Outcome::Parked)
+            }
+            Republish::Requeue(message, outcome) => {
+                record(message, *outcome, Utc::now());
+                tracing::Span::current().record("outcome", outcome.label());
+                info!(target: CONSUMER, not_before = ?message.not_before,
+                    check_step = message.check_step, unknown_rechecks = message.unknown_rechecks,
+                    "sent through the ladder again");
+                (Some(message.order_id.clone()), *outcome)
+            }
+        };
+        match delivery.acker.ack(BasicAckOptions::default()).await {
+            Ok(true) => {}
+            Ok(false) => return Done::BrokerFailed(SessionError::AckNotSent),
+            Err(e) => return Done::BrokerFailed(SessionError::Ack(e)),
+        }
+        if let Some(observer) = &self.observer {
+            let _ = observer.send(Handled {
+                order_id,
+                outcome,
+                at: Utc::now(),
+            });
+        }
+        Done::Republished(delivery.delivery_tag)
+    }
+}
+
+/// Why a publish did not go through.
+enum Publish {
+    /// The broker answered but did not take it: retry later.
+    Refused(OutboundError),
+    /// The channel failed: the session ends.
+    Broken(SessionError),
+}
+
+/// What the broker's answer to a mandatory, confirmed publish means.
+fn confirmed(answer: Result<Confirmation, BrokerError>, exchange: &str) -> Result<(), Publish> {
+    match answer {
+        Ok(Confirmation::Ack(None)) => Ok(()),
+        Ok(Confirmation::Ack(Some(returned))) => Err(Publish::Refused(OutboundError::Unroutable {
+            exchange: exchange.to_owned(),
+            reply_code: returned.reply_code,
+            reply_text: returned.reply_text.to_string(),
+        })),
+        Ok(_) => Err(Publish::Refused(OutboundError::Nacked)),
+        Err(BrokerError::Timeout { timeout, .. }) => {
+            Err(Publish::Refused(OutboundError::Timeout(timeout)))
+        }
+        Err(error) => Err(Publish::Broken(SessionError::Broker(error))),
+    }
+}
+
+/// The original's headers and properties, plus why and when it was parked and
+/// the routing key it came with.
+fn parked_properties(delivery: &Delivery, reason: &str) -> BasicProperties {
+    let mut headers: FieldTable = delivery.properties.headers().clone().unwrap_or_default();
+    let text = |s: &str| AMQPValue::LongString(s.into());
+    headers.insert("x-parked-reason".into(), text(reason));
+    headers.insert("x-parked-at".into(), text(&Utc::now().to_rfc3339()));
+    headers.insert(
+        "x-original-routing-key".into(),
+        text(delivery.routing_key.as_str()),
+    );
+    let mut properties = BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_headers(headers);
+    if let Some(ct) = delivery.properties.content_type() {
+        properties = properties.with_content_type(ct.clone());
+    }
+    if let Some(id) = delivery.properties.message_id() {
+        properties = properties.with_message_id(id.clone());
+    }
+    properties
+}

@@ -1,0 +1,139 @@
+//! The deadline rule: an order whose `pay_deadline` was extended is not
+//! cancelled by the message of its old deadline (outcome `extended`, the order
+//! stays unpaid); the message scheduled with the new deadline, through the
+//! library or the CLI, cancels it on time and never early. The sweeper, which
+//! reads the current `pay_deadline`, agrees.
+
+use std::time::Duration;
+
+use chrono::{DateTime, SubsecRound, TimeDelta, Utc};
+use order_expiry::{OrderStore, Outcome, Scheduler};
+use order_expiry_testkit::{World, amqp_url, at_ms};
+
+/// Sets a new deadline, as the order service does when it extends one.
+async fn extend(env: &World, id: &str, pay_deadline: DateTime<Utc>) {
+    let client = env.store.client().await.unwrap();
+    let n = client
+        .execute(
+            "UPDATE orders SET pay_deadline = $2 WHERE id = $1",
+            &[&id, &pay_deadline],
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+}
+
+/// `order-expiry schedule --order-id ID --due-at T` against the world.
+async fn schedule_with_cli(env: &World, id: &str, due_at: DateTime<Utc>) {
+    let due_at = due_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_order-expiry"))
+        .env("ORDER_EXPIRY__AMQP__URL", amqp_url())
+        .env(
+            "ORDER_EXPIRY__TOPOLOGY__PREFIX",
+            &env.settings.topology.prefix,
+        )
+        .env(
+            "ORDER_EXPIRY__TOPOLOGY__LEVELS",
+            env.settings.topology.levels.to_string(),
+        )
+        .args(["schedule", "--order-id", id, "--due-at", &due_at])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extended_deadline_outlives_its_old_message() {
+    let env = World::new().await;
+    let scheduler = Scheduler::from_settings(&env.settings).unwrap();
+    let mut consumer = env.start_consumer();
+    // Two orders due in 2 s; both extended by 2 s right away and scheduled
+    // again: one through the library, one through the CLI.
+    // Whole milliseconds, as the wire carries them: the CLI is given the new
+    // deadline as text, and a due_at even 1 µs before the deadline would be
+    // stale.
+    let old = at_ms(2_000).trunc_subsecs(3);
+    let new = old + TimeDelta::seconds(2);
+    let ids = ["ext-lib", "ext-cli"];
+    env.create_orders(&ids.map(|id| (id.to_owned(), old))).await;
+    for id in ids {
+        scheduler.schedule(id, old).await.unwrap();
+        extend(&env, id, new).await;
+    }
+    scheduler.schedule("ext-lib", new).await.unwrap();
+    schedule_with_cli(&env, "ext-cli", new).await;
+
+    // The old messages: stale, acked, nothing changes.
+    let handled = consumer.next_n(2, Duration::from_secs(10)).await;
+    assert!(
+        handled.iter().all(|h| h.outcome == Outcome::Extended),
+        "{handled:?}"
+    );
+    for id in ids {
+        let (status, _, cancelled_at) = env.order(id).await;
+        assert_eq!((status.as_str(), cancelled_at), ("unpaid", None), "{id}");
+    }
+    assert!(
+        Utc::now() < new,
+        "the stale messages were handled before the new deadline"
+    );
+
+    // The new ones cancel on time, never early.
+    let handled = consumer.next_n(2, Duration::from_secs(10)).await;
+    assert!(
+        handled.iter().all(|h| h.outcome == Outcome::Cancelled),
+        "{handled:?}"
+    );
+    for id in ids {
+        let (status, pay_deadline, cancelled_at) = env.order(id).await;
+        assert_eq!(status, "cancelled", "{id}");
+        let late = cancelled_at.unwrap() - pay_deadline;
+        assert!(late >= TimeDelta::zero(), "{id} cancelled {late} early");
+        assert!(late < TimeDelta::seconds(1), "{id} cancelled {late} late");
+        eprintln!(
+            "FIGURES extension {id}: cancelled {} ms after the new deadline",
+            late.num_milliseconds()
+        );
+    }
+    scheduler.close().await;
+    consumer.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_applies_the_rule_and_the_sweeper_reads_the_new_deadline() {
+    let env = World::new().await;
+    // Due 10 s ago, then extended to 10 s ahead.
+    let old = at_ms(-10_000);
+    env.create_orders(&[("ext-sweep".into(), old), ("ext-null".into(), old)])
+        .await;
+    extend(&env, "ext-sweep", at_ms(10_000)).await;
+    let client = env.store.client().await.unwrap();
+    client
+        .execute(
+            "UPDATE orders SET pay_deadline = NULL WHERE id = 'ext-null'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let stale = order_expiry_testkit::message("ext-sweep", old);
+    let no_deadline = order_expiry_testkit::message("ext-null", old);
+    let dispositions = env
+        .store
+        .cancel_unpaid(&[&stale, &no_deadline])
+        .await
+        .unwrap();
+    use order_expiry::Disposition::{Cancelled, Extended};
+    // A NULL deadline never extends: the message cancels it.
+    assert_eq!(dispositions, [Extended, Cancelled]);
+    assert_eq!(env.order("ext-sweep").await.0, "unpaid");
+    // The sweeper goes by the current deadline: nothing is overdue.
+    let swept = env.store.sweep_overdue(Duration::ZERO, 100).await.unwrap();
+    assert!(swept.is_empty(), "{swept:?}");
+    env.cleanup().await;
+}

@@ -1,0 +1,198 @@
+//! A real local HTTP server standing in for an order service's expire endpoint
+//! (`POST /orders/{id}/expire`) and a payment gateway's check
+//! (`GET /orders/{id}/payment`): each order answers from a script, every
+//! request is recorded with its headers, body and arrival time.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request as HttpRequest, StatusCode};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use tokio_util::sync::CancellationToken;
+
+/// One scripted answer.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// This status and body.
+    Status(u16, String),
+    /// 200 with `{"status": "<status>"}` (a check answer).
+    Payment(&'static str),
+    /// Answer 200 only after this long (longer than the client's timeout: a hang).
+    Hang(Duration),
+}
+
+/// One request the endpoint received.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// `POST` or `GET`.
+    pub method: String,
+    /// `expire` or `payment`.
+    pub kind: String,
+    /// The order id, percent-decoded from the path.
+    pub order_id: String,
+    /// Headers, names in lower case.
+    pub headers: HashMap<String, String>,
+    /// The body, as text.
+    pub body: String,
+    /// When it arrived.
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// By `"<kind> <order id>"`: answered in order; the last one repeats.
+    scripts: HashMap<String, VecDeque<Reply>>,
+    requests: Vec<Request>,
+}
+
+/// The server; stops when dropped.
+#[derive(Debug)]
+pub struct Endpoint {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    stop: CancellationToken,
+}
+
+impl Endpoint {
+    /// Starts it on a free port of 127.0.0.1. Unscripted orders answer 200
+    /// (expire) or `{"status":"unpaid"}` (payment).
+    pub async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a free port");
+        let addr = listener.local_addr().expect("its address");
+        let state = Arc::new(Mutex::new(State::default()));
+        let stop = CancellationToken::new();
+        let shared = Arc::clone(&state);
+        let app = axum::Router::new().fallback(move |request: HttpRequest<Body>| {
+            let state = Arc::clone(&shared);
+            async move { answer(state, request).await }
+        });
+        let done = stop.clone();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { done.cancelled().await })
+                .await;
+        });
+        Self { addr, state, stop }
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Scripts what `kind` (`expire` or `payment`) answers for `order_id`.
+    pub fn script(&self, kind: &str, order_id: &str, replies: Vec<Reply>) {
+        let mut state = self.state.lock().unwrap();
+        state
+            .scripts
+            .insert(format!("{kind} {order_id}"), replies.into());
+    }
+
+    /// Every request so far, in arrival order.
+    pub fn requests(&self) -> Vec<Request> {
+        self.state.lock().unwrap().requests.clone()
+    }
+
+    /// The requests of `kind` for `order_id`, in arrival order.
+    pub fn requests_for(&self, kind: &str, order_id: &str) -> Vec<Request> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.kind == kind && r.order_id == order_id)
+            .collect()
+    }
+
+    /// Waits until `n` requests of `kind` for `order_id` arrived.
+    pub async fn wait_for(
+        &self,
+        kind: &str,
+        order_id: &str,
+        n: usize,
+        timeout: Duration,
+    ) -> Vec<Request> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let got = self.requests_for(kind, order_id);
+            if got.len() >= n {
+                return got;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "only {} of {n} {kind} requests for {order_id} within {timeout:?}",
+                got.len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn answer(state: Arc<Mutex<State>>, request: HttpRequest<Body>) -> Response {
+    let at = Utc::now();
+    let method = request.method().to_string();
+    let path = request.uri().path().to_owned();
+    let headers = request
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+        .collect();
+    let body = axum::body::to_bytes(request.into_body(), 1 << 20)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let (encoded, kind) = match parts.as_slice() {
+        ["orders", id, kind @ ("expire" | "payment")] => (*id, *kind),
+        _ => return (StatusCode::NOT_FOUND, "no such route").into_response(),
+    };
+    let order_id = percent_encoding::percent_decode_str(encoded)
+        .decode_utf8_lossy()
+        .into_owned();
+    let reply = {
+        let mut state = state.lock().unwrap();
+        state.requests.push(Request {
+            method,
+            kind: kind.to_owned(),
+            order_id: order_id.clone(),
+            headers,
+            body,
+            at,
+        });
+        match state.scripts.get_mut(&format!("{kind} {order_id}")) {
+            Some(script) if script.len() > 1 => script.pop_front(),
+            Some(script) => script.front().cloned(),
+            None => None,
+        }
+    };
+    let reply = reply.unwrap_or(match kind {
+        "payment" => Reply::Payment("unpaid"),
+        _ => Reply::Status(200, "{}".into()),
+    });
+    match reply {
+        Reply::Status(status, body) => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::IM_A_TEAPOT);
+            (status, body).into_response()
+        }
+        Reply::Payment(status) => (
+            StatusCode::OK,
+            [("content-type", "application/json")],
+            format!(r#"{{"status":"{status}"}}"#),
+        )
+            .into_response(),
+        Reply::Hang(duration) => {
+            tokio::time::sleep(duration).await;
+            (StatusCode::OK, "{}").into_response()
+        }
+    }
+}
