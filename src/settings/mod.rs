@@ -347,6 +347,27 @@ mod tests {
     }
 
     #[test]
+    fn step_lists_come_from_a_file_or_the_environment() {
+        let s = Settings::default();
+        assert_eq!(s.action.check.steps.len(), 8);
+        assert_eq!(s.action.check.steps[7], Duration::from_secs(3600));
+        assert_eq!(s.consumer.unknown_rechecks.len(), 3);
+        let s = with_env(&[
+            ("ORDER_EXPIRY__ACTION__CHECK__STEPS_MS", "1000, 3000"),
+            ("ORDER_EXPIRY__CONSUMER__UNKNOWN_RECHECKS_MS", ""),
+            ("ORDER_EXPIRY__ACTION__KIND", "http"),
+            ("ORDER_EXPIRY__ACTION__CHECK__FINAL", "keep"),
+        ]);
+        let ms = Duration::from_millis;
+        assert_eq!(s.action.check.steps, [ms(1000), ms(3000)]);
+        assert!(s.consumer.unknown_rechecks.is_empty());
+        assert_eq!(s.action.kind, ActionKind::Http);
+        assert_eq!(s.action.check.final_outcome, FinalOutcome::Keep);
+        let one = with_env(&[("ORDER_EXPIRY__CONSUMER__UNKNOWN_RECHECKS_MS", "500")]);
+        assert_eq!(one.consumer.unknown_rechecks, [ms(500)]);
+    }
+
+    #[test]
     fn environment_overrides_defaults() {
         let s = with_env(&[
             ("ORDER_EXPIRY__TOPOLOGY__PREFIX", "t1"),
@@ -360,9 +381,12 @@ mod tests {
 
     #[test]
     fn secrets_do_not_print() {
-        let s = Settings::default();
+        let mut s = Settings::default();
+        s.action.http.bearer_token = Some(SecretString::from("tok-secret"));
+        s.action.check.bearer_token = Some(SecretString::from("tok-secret"));
         let debug = format!("{s:?}");
         assert!(!debug.contains("guest:guest"), "{debug}");
+        assert!(!debug.contains("tok-secret"), "{debug}");
         assert_eq!(s.amqp.display_url(), "amqp://guest:***@127.0.0.1:5672/%2f");
     }
 }

@@ -9,16 +9,23 @@
 //! - [`CONSUMER_USER`] (`order-expiry serve`) may do exactly what the consumer
 //!   does: re-declare [`Topology::consumer_part`] after every reconnect
 //!   (configure on those exchanges and queues, write on the bound queues, read
-//!   on the source exchanges), consume the due queue and publish to the parked
-//!   exchange. Nothing on the ladder.
+//!   on the source exchanges), consume the due queue, publish to the parked
+//!   exchange, and send a message through the ladder again (the next payment
+//!   check step, an order not found yet): write on the publisher's entry
+//!   exchanges. It cannot declare, delete, purge, consume or read the ladder.
 //!
 //! RabbitMQ matches permissions against resource *names*, whatever their type,
 //! and here an exchange and its queue share a name. So the consumer's write
 //! permission on the `P.due` *queue* (needed to re-declare its binding) also
-//! matches the `P.due` *exchange*; a topic permission on that exchange closes the
-//! gap: it allows binding with the one pattern the topology uses and publishing
-//! with no routing key at all. Likewise its read permission on the `P.parked`
-//! exchange (the parked binding's source) also lets it read the parked queue.
+//! matches the `P.due` *exchange*; a topic permission on that exchange narrows
+//! it: binding with the one pattern the topology uses, and publishing only with
+//! the routing key of a zero delay (the all-zero key, what a re-check due in
+//! under a second is sent with). Likewise its read permission on the `P.parked`
+//! exchange (the parked binding's source) also lets it read the parked queue,
+//! and its write permission on the ladder's exchanges also matches the ladder's
+//! queues as binding destinations: with the read it has on `P.due` and
+//! `P.parked`, it could bind those two exchanges to a ladder queue (never
+//! consume, purge or delete one).
 //!
 //! Users come with an empty `password_hash`: they exist but cannot log in until
 //! ops set a password (`rabbitmqctl change_password`) or import a users file
@@ -78,10 +85,11 @@ pub(crate) struct Access {
 impl Access {
     /// The least privileges the publisher and the consumer of `ladder` need.
     pub(crate) fn describe(ladder: &Ladder) -> Self {
-        let mut entries: Vec<String> = (0..ladder.levels())
+        let levels: Vec<String> = (0..ladder.levels())
             .rev()
             .map(|level| ladder.level_name(level))
             .collect();
+        let mut entries = levels.clone();
         entries.push(ladder.due_exchange());
         let publisher = Permission {
             user: PUBLISHER_USER.to_owned(),
@@ -102,6 +110,7 @@ impl Access {
             .iter()
             .map(|b| b.destination.clone())
             .chain([ladder.parked_exchange()])
+            .chain(levels)
             .collect();
         let read: Vec<String> = part
             .bindings
@@ -126,10 +135,15 @@ impl Access {
                     .filter(|b| b.source == e.name)
                     .map(|b| b.routing_key.clone())
                     .collect();
+                // Only the due exchange is a ladder entry: a zero delay.
+                let write = match e.name == ladder.due_exchange() {
+                    true => exactly(&[ladder.routing_key(0)]),
+                    false => MATCH_NOTHING.to_owned(),
+                };
                 TopicPermission {
                     user: CONSUMER_USER.to_owned(),
                     exchange: e.name.clone(),
-                    write: MATCH_NOTHING.to_owned(),
+                    write,
                     read: exactly(&patterns),
                 }
             })
@@ -250,24 +264,33 @@ mod tests {
     }
 
     #[test]
-    fn the_consumer_gets_what_it_redeclares_consumes_and_parks_to() {
+    fn the_consumer_gets_what_it_redeclares_consumes_parks_to_and_requeues_into() {
         let access = Access::describe(&ladder());
         let consumer = &access.permissions[1];
         let both = r"^(orders\.due|orders\.parked)$";
         assert_eq!(consumer.user, CONSUMER_USER);
         assert_eq!(consumer.configure, both);
-        assert_eq!(consumer.write, both);
+        assert_eq!(
+            consumer.write,
+            r"^(orders\.due|orders\.parked|orders\.ladder\.02|orders\.ladder\.01|orders\.ladder\.00)$"
+        );
         assert_eq!(consumer.read, both);
-        assert!(!matches(&consumer.write, "orders.ladder.00"));
+        for delay in 0..8 {
+            let route = ladder().route(delay).unwrap();
+            assert!(matches(&consumer.write, &route.exchange), "{route}");
+        }
+        assert!(!matches(&consumer.read, "orders.ladder.00"));
+        assert!(!matches(&consumer.configure, "orders.ladder.00"));
         assert_eq!(
             access.topic_permissions,
             [TopicPermission {
                 user: CONSUMER_USER.to_owned(),
                 exchange: "orders.due".to_owned(),
-                write: MATCH_NOTHING.to_owned(),
+                write: r"^0\.0\.0$".to_owned(),
                 read: "^#$".to_owned(),
             }]
         );
+        assert_eq!(ladder().route(0).unwrap().routing_key, "0.0.0");
     }
 
     #[test]

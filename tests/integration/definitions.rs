@@ -1,7 +1,10 @@
 //! `definitions.json` is the export of the default settings, and imported into
 //! the real broker its two users can do their job and nothing more: the
 //! publisher schedules but cannot consume, declare or delete; the consumer
-//! re-declares its part, consumes, parks, but cannot publish into the ladder.
+//! re-declares its part, consumes, parks, sends a message through the ladder
+//! again (an order not found yet), but cannot read, purge or delete the
+//! ladder's queues, nor publish to the due exchange with any other key than a
+//! zero delay's.
 //! No AMQP connection here uses `guest`.
 
 use std::sync::Arc;
@@ -147,6 +150,18 @@ fn assert_refused<T: std::fmt::Debug>(what: &str, result: Result<T, lapin::Error
     }
 }
 
+/// Publishes `message` into the ladder as `url`'s user, as the scheduler would.
+async fn scheduler_as(url: &str, message: &order_expiry::ExpiryMessage) {
+    let mut settings = Settings::default();
+    settings.amqp.url = SecretString::from(url.to_owned());
+    let scheduler = Scheduler::from_settings(&settings).unwrap();
+    scheduler
+        .schedule(message.order_id.clone(), message.due_at)
+        .await
+        .expect("scheduled");
+    scheduler.close().await;
+}
+
 /// Publishes with confirms on a fresh channel: the broker's answer to it.
 async fn publish(
     connection: &Connection,
@@ -284,9 +299,13 @@ async fn imported_users_have_least_privilege_and_suffice() {
     let _ = publisher.close(200, "done".into()).await;
 
     // The real consumer, with the consumer user only: it re-declares its part,
-    // cancels both orders and parks the malformed body.
+    // cancels both orders, parks the malformed body, and sends the message of
+    // an order not found yet through the ladder again (once, 2 s later: level 0).
+    let missing = order_expiry_testkit::message("lp-missing", at_ms(-10));
+    scheduler_as(&publisher_url, &missing).await;
     settings.amqp.url = SecretString::from(consumer_url.clone());
     settings.amqp.reconnect_max = Duration::from_millis(500);
+    settings.consumer.unknown_rechecks = vec![Duration::from_secs(2)];
     let mut consumer = Consumer::new(
         &settings,
         Arc::clone(&store),
@@ -297,7 +316,7 @@ async fn imported_users_have_least_privilege_and_suffice() {
     let stop = CancellationToken::new();
     let task = tokio::spawn(consumer.run(stop.clone()));
     let mut got = Vec::new();
-    while got.len() < 3 {
+    while got.len() < 5 {
         match tokio::time::timeout(Duration::from_secs(15), outcomes.recv()).await {
             Ok(Some(handled)) => got.push((handled.order_id.map(String::from), handled.outcome)),
             _ => panic!("the consumer user handled only {got:?} within 15 s"),
@@ -309,6 +328,8 @@ async fn imported_users_have_least_privilege_and_suffice() {
         [
             (None, Outcome::Parked),
             (Some("lp-ladder".into()), Outcome::Cancelled),
+            (Some("lp-missing".into()), Outcome::Unknown),
+            (Some("lp-missing".into()), Outcome::UnknownRequeued),
             (Some("lp-past".into()), Outcome::Cancelled),
         ]
     );
@@ -319,19 +340,24 @@ async fn imported_users_have_least_privilege_and_suffice() {
     }
     assert_eq!(imported.ready("orders.parked"), 1);
 
-    // The consumer cannot publish into the ladder, not even into the due exchange
-    // its queue's name matches, and cannot touch the ladder's queues.
+    // The consumer publishes into the due exchange only with a zero delay's
+    // key, and cannot touch the ladder's queues.
     let (consumer_connection, _) = channel(&consumer_url).await;
-    for exchange in ["orders.ladder.00", "orders.ladder.21", "orders.due"] {
+    for key in [
+        "0.0.0",
+        "",
+        "#",
+        "0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.1",
+    ] {
         assert_refused(
-            &format!("consumer publish to {exchange}"),
-            publish(&consumer_connection, exchange, "0.0.0", b"{}").await,
-        );
-        assert_refused(
-            &format!("consumer publish to {exchange} with an empty key"),
-            publish(&consumer_connection, exchange, "", b"{}").await,
+            &format!("consumer publish to orders.due with key {key:?}"),
+            publish(&consumer_connection, "orders.due", key, b"{}").await,
         );
     }
+    assert_refused(
+        "consumer publish to amq.topic",
+        publish(&consumer_connection, "amq.topic", "x", b"{}").await,
+    );
     let c = consumer_connection.create_channel().await.unwrap();
     assert_refused(
         "consumer basic.get orders.ladder.00",

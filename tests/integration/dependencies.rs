@@ -20,6 +20,7 @@ const SERVICE_ONLY: &[&str] = &[
     "plotters ",
     "postgres-protocol ",
     "rand v0.9",
+    "reqwest ",
     "tokio-postgres ",
     "tokio-util ",
     "tracing-subscriber ",

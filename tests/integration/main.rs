@@ -3,6 +3,8 @@
 //! prefix in the test vhost and a schema in the test database), so the tests
 //! run in parallel in one binary. `docs` and `dependencies` need no services.
 
+mod actions;
+mod check;
 mod cli;
 mod definitions;
 mod delivery;

@@ -317,3 +317,99 @@ async fn a_working_service_logs_json_spans_and_never_the_password() {
     );
     env.cleanup().await;
 }
+
+/// The HTTP action's and the payment check's bearer tokens reach the
+/// endpoints, and nothing else: not the logs at debug level (a 503 and a
+/// retry included), `/metrics` or `/readyz` (which says the database is not
+/// used).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bearer_tokens_reach_the_endpoints_and_nothing_else() {
+    use order_expiry_testkit::{Endpoint, Reply};
+    let secret = Secret::new();
+    let env = World::new().await;
+    let endpoint = Endpoint::start().await;
+    let order = format!("token-{}", env.settings.topology.prefix);
+    endpoint.script(
+        "expire",
+        &order,
+        vec![
+            Reply::Status(503, "try later".into()),
+            Reply::Status(200, "{}".into()),
+        ],
+    );
+    let port = free_port();
+    let vars = [
+        ("ORDER_EXPIRY__AMQP__URL", order_expiry_testkit::amqp_url()),
+        (
+            "ORDER_EXPIRY__TOPOLOGY__PREFIX",
+            env.settings.topology.prefix.clone(),
+        ),
+        (
+            "ORDER_EXPIRY__TOPOLOGY__LEVELS",
+            env.settings.topology.levels.to_string(),
+        ),
+        ("ORDER_EXPIRY__HTTP__LISTEN", format!("127.0.0.1:{port}")),
+        ("ORDER_EXPIRY__LOG__FILTER", "debug".to_owned()),
+        ("ORDER_EXPIRY__SWEEPER__ENABLED", "false".to_owned()),
+        ("ORDER_EXPIRY__ACTION__KIND", "http".to_owned()),
+        ("ORDER_EXPIRY__ACTION__HTTP__BASE_URL", endpoint.base_url()),
+        (
+            "ORDER_EXPIRY__ACTION__HTTP__BEARER_TOKEN",
+            secret.unique.clone(),
+        ),
+        ("ORDER_EXPIRY__ACTION__CHECK__ENABLED", "true".to_owned()),
+        ("ORDER_EXPIRY__ACTION__CHECK__BASE_URL", endpoint.base_url()),
+        // The test ladder holds 63 s; a list from the environment.
+        (
+            "ORDER_EXPIRY__ACTION__CHECK__STEPS_MS",
+            "1000,2000".to_owned(),
+        ),
+        (
+            "ORDER_EXPIRY__ACTION__CHECK__BEARER_TOKEN",
+            format!("{}c", secret.unique),
+        ),
+        // No database at all: the HTTP action does not need one.
+        (
+            "ORDER_EXPIRY__DATABASE__URL",
+            "postgres://nobody@127.0.0.1:1/none".to_owned(),
+        ),
+    ];
+    let child = binary(&["--log-format", "json", "serve"], &vars)
+        .spawn()
+        .unwrap();
+    let (status, readyz) = wait_for(port, "/readyz", |status, _| status == 200).await;
+    assert_eq!(status, 200, "{readyz}");
+    assert!(readyz.contains("database: not used"), "{readyz}");
+    let (ok, scheduled) = output(binary(
+        &["schedule", "--order-id", &order, "--delay", "0s"],
+        &vars,
+    ))
+    .await;
+    assert!(ok, "{scheduled}");
+    let (_, metrics) = wait_for(port, "/metrics", |_, body| {
+        body.contains("order_expiry_messages_total{outcome=\"cancelled\"} 1")
+    })
+    .await;
+    let logs = terminate(child).await;
+    let expire = endpoint.requests_for("expire", &order);
+    assert_eq!(expire.len(), 2, "a 503, then a 200");
+    assert_eq!(
+        expire[0].headers["authorization"],
+        format!("Bearer {}", secret.unique)
+    );
+    let check = endpoint.requests_for("payment", &order);
+    assert_eq!(
+        check[0].headers["authorization"],
+        format!("Bearer {}c", secret.unique)
+    );
+    assert!(logs.contains("expire endpoint answered 503"), "{logs}");
+    for (what, text) in [
+        ("/readyz", &readyz),
+        ("/metrics", &metrics),
+        ("schedule", &scheduled),
+        ("serve", &logs),
+    ] {
+        secret.assert_absent(what, text);
+    }
+    env.cleanup().await;
+}

@@ -62,9 +62,14 @@ impl Endpoint {
     /// Starts it on a free port of 127.0.0.1. Unscripted orders answer 200
     /// (expire) or `{"status":"unpaid"}` (payment).
     pub async fn start() -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        Self::start_on(0).await
+    }
+
+    /// [`Endpoint::start`] on `port` of 127.0.0.1 (0: a free one).
+    pub async fn start_on(port: u16) -> Self {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
             .await
-            .expect("a free port");
+            .expect("the port is free");
         let addr = listener.local_addr().expect("its address");
         let state = Arc::new(Mutex::new(State::default()));
         let stop = CancellationToken::new();

@@ -1,0 +1,189 @@
+//! The payment check before the action, against a real local HTTP gateway:
+//! `paid` leaves the order alone, `unpaid` cancels it, `pending` sends the
+//! message through the ladder to be checked again after the next step (never
+//! earlier), a failed check is retried, an unreadable one parked, and after the
+//! last step the configured final outcome applies.
+
+use std::time::Duration;
+
+use chrono::{TimeDelta, Utc};
+use lapin::types::AMQPValue;
+use order_expiry::{FinalOutcome, Outcome, Settings};
+use order_expiry_testkit::{Endpoint, Reply, RunningConsumer, World, at_ms, message};
+use secrecy::SecretString;
+
+const STEPS: [Duration; 2] = [Duration::from_millis(1_000), Duration::from_millis(2_000)];
+
+fn with_check(env: &World, endpoint: &Endpoint, final_outcome: FinalOutcome) -> Settings {
+    let mut settings = env.settings.clone();
+    settings.action.check.enabled = true;
+    settings.action.check.base_url = endpoint.base_url();
+    settings.action.check.steps = STEPS.to_vec();
+    settings.action.check.final_outcome = final_outcome;
+    settings.action.check.timeout = Duration::from_millis(500);
+    settings.action.check.bearer_token = Some(SecretString::from("check-token-77"));
+    settings
+}
+
+/// Every outcome of `id`, in order, until `n` of them were seen in all.
+async fn outcomes(consumer: &mut RunningConsumer, n: usize) -> Vec<(String, Outcome)> {
+    consumer
+        .next_n(n, Duration::from_secs(20))
+        .await
+        .into_iter()
+        .map(|h| (h.order_id.map(String::from).unwrap_or_default(), h.outcome))
+        .collect()
+}
+
+fn of(seen: &[(String, Outcome)], id: &str) -> Vec<Outcome> {
+    seen.iter()
+        .filter(|(i, _)| i == id)
+        .map(|(_, o)| *o)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_step_transition_of_the_payment_check() {
+    use Outcome::*;
+    let env = World::new().await;
+    let gateway = Endpoint::start().await;
+    let pay = Reply::Payment;
+    gateway.script("payment", "c-paid", vec![pay("paid")]);
+    gateway.script("payment", "c-unpaid", vec![pay("unpaid")]);
+    gateway.script(
+        "payment",
+        "c-pending",
+        vec![pay("pending"), pay("pending"), pay("unpaid")],
+    );
+    gateway.script("payment", "c-stuck", vec![pay("pending")]);
+    gateway.script(
+        "payment",
+        "c-503",
+        vec![Reply::Status(503, "down".into()), pay("unpaid")],
+    );
+    gateway.script("payment", "c-bad", vec![Reply::Status(200, "yes".into())]);
+    let ids = [
+        "c-paid",
+        "c-unpaid",
+        "c-pending",
+        "c-stuck",
+        "c-503",
+        "c-bad",
+    ];
+    let due_at = at_ms(-5);
+    env.create_orders(&ids.map(|id| (id.to_owned(), due_at)))
+        .await;
+    let mut consumer = env.start_consumer_with(&with_check(&env, &gateway, FinalOutcome::Park));
+    env.publish_messages(&ids.map(|id| message(id, due_at)))
+        .await;
+
+    // c-pending: 2 requeues + cancelled; c-stuck: 2 requeues + parked; the
+    // others one each (c-bad parked).
+    let seen = outcomes(&mut consumer, 10).await;
+    assert_eq!(of(&seen, "c-paid"), [PaidAtGateway]);
+    assert_eq!(of(&seen, "c-unpaid"), [Cancelled]);
+    assert_eq!(of(&seen, "c-503"), [Cancelled]);
+    assert_eq!(
+        of(&seen, "c-pending"),
+        [CheckRequeued, CheckRequeued, Cancelled]
+    );
+    assert_eq!(of(&seen, "c-stuck"), [CheckRequeued, CheckRequeued]);
+    assert_eq!(of(&seen, "").len(), 2, "c-stuck and c-bad parked: {seen:?}");
+
+    // The database agrees: paid at the gateway is not cancelled, nor is the
+    // stuck one; the others are.
+    for (id, status) in [
+        ("c-paid", "unpaid"),
+        ("c-stuck", "unpaid"),
+        ("c-bad", "unpaid"),
+        ("c-unpaid", "cancelled"),
+        ("c-pending", "cancelled"),
+        ("c-503", "cancelled"),
+    ] {
+        assert_eq!(env.order(id).await.0, status, "{id}");
+    }
+
+    // Each re-check came after its step, never earlier, and within a second.
+    let mut figures = Vec::new();
+    for id in ["c-pending", "c-stuck"] {
+        let checks = gateway.requests_for("payment", id);
+        assert_eq!(checks.len(), 3, "{id}: three checks");
+        for (k, step) in STEPS.iter().enumerate() {
+            let gap = checks[k + 1].at - checks[k].at;
+            let step = TimeDelta::from_std(*step).unwrap();
+            assert!(
+                gap >= step,
+                "{id}: check {} came {gap} after the one before, step {step}",
+                k + 2
+            );
+            assert!(
+                gap < step + TimeDelta::seconds(1),
+                "{id}: check {} came {gap} late",
+                k + 2
+            );
+            figures.push((gap - step).num_milliseconds());
+        }
+    }
+    let (status, _, cancelled_at) = env.order("c-pending").await;
+    assert_eq!(status, "cancelled");
+    let last_check = gateway.requests_for("payment", "c-pending")[2].at;
+    assert!(cancelled_at.unwrap() >= last_check);
+    eprintln!("FIGURES payment check: re-checks came {figures:?} ms after their step");
+
+    // What the requests carried.
+    let request = &gateway.requests_for("payment", "c-paid")[0];
+    assert_eq!(request.method, "GET");
+    assert_eq!(request.headers["authorization"], "Bearer check-token-77");
+
+    // The parked ones say why; the stuck one is not cancelled.
+    let mut reasons = Vec::new();
+    while let Some(parked) = env.get(&env.ladder().parked_queue()).await {
+        let headers = parked.properties.headers().clone().unwrap_or_default();
+        if let Some(AMQPValue::LongString(s)) = headers.inner().get("x-parked-reason") {
+            reasons.push(s.to_string());
+        }
+    }
+    reasons.sort();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert!(
+        reasons[0].starts_with("payment check answered 200 without a status"),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons[1].starts_with("payment still pending at the gateway after 3 checks"),
+        "{reasons:?}"
+    );
+
+    consumer.expect_quiet(Duration::from_secs(1)).await;
+    consumer.stop().await;
+    assert_eq!(env.depth(&env.ladder().due_queue()).await, 0);
+    env.cleanup().await;
+}
+
+/// After the last step: `keep` acks and leaves the order, `cancel` applies
+/// the action.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_final_outcome_keep_or_cancel() {
+    use Outcome::*;
+    for (final_outcome, last, status) in [
+        (FinalOutcome::Keep, PendingAtGateway, "unpaid"),
+        (FinalOutcome::Cancel, Cancelled, "cancelled"),
+    ] {
+        let env = World::new().await;
+        let gateway = Endpoint::start().await;
+        gateway.script("payment", "f-1", vec![Reply::Payment("pending")]);
+        let due_at = at_ms(-5);
+        env.create_orders(&[("f-1".into(), due_at)]).await;
+        let mut settings = with_check(&env, &gateway, final_outcome);
+        settings.action.check.steps = vec![Duration::from_millis(500)];
+        let mut consumer = env.start_consumer_with(&settings);
+        let started = Utc::now();
+        env.publish_message(&message("f-1", due_at)).await;
+        let seen = outcomes(&mut consumer, 2).await;
+        assert_eq!(of(&seen, "f-1"), [CheckRequeued, last], "{final_outcome:?}");
+        assert!(Utc::now() - started >= TimeDelta::milliseconds(500));
+        assert_eq!(env.order("f-1").await.0, status, "{final_outcome:?}");
+        consumer.stop().await;
+        env.cleanup().await;
+    }
+}
