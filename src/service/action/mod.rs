@@ -2,7 +2,7 @@
 //! batch machinery (split on a failure, retry alone, park, pause while
 //! everything is unavailable) is the same whatever the action is.
 //!
-//! - `sql`: every [`OrderStore`] is an action: `database.cancel_sql` on PostgreSQL.
+//! - `sql`: every [`OrderStore`](crate::OrderStore) is an action: `database.cancel_sql` on PostgreSQL.
 //! - `http`: [`HttpAction`], `POST {base}/orders/{id}/expire` on the order service.
 //! - `event`: [`EventAction`], an `order.expired` event, confirmed by the broker.
 //! - `check`: [`PaymentCheck`], the optional question to the payment gateway
@@ -92,7 +92,7 @@ impl ActionError {
     }
 }
 
-/// Expires due orders. Every [`OrderStore`] is one (the SQL action).
+/// Expires due orders. Every [`OrderStore`](crate::OrderStore) is one (the SQL action).
 pub trait Action: Send + Sync + 'static {
     /// Expires the order of every message, returning one [`Verdict`] per
     /// message, in input order; or fails for the whole batch.
