@@ -193,14 +193,21 @@ def definitions_access():
                 f"publisher write {'must' if name in entries else 'must not'} match {name}")
     consumer = perms[CONSUMER_USER]
     own = {f"{prefix}.due", f"{prefix}.parked"}
+    # The consumer also sends messages through the ladder again (the next
+    # payment check step, an order not found yet): write on the entries.
+    may = {"configure": own, "write": own | entries, "read": own}
     for kind in ("configure", "write", "read"):
         for name in sorted(exchanges | queues):
-            require(allows(consumer[kind], name) == (name in own),
-                    f"consumer {kind} {'must' if name in own else 'must not'} match {name}")
+            require(allows(consumer[kind], name) == (name in may[kind]),
+                    f"consumer {kind} {'must' if name in may[kind] else 'must not'} match {name}")
     topic = {(t["user"], t["exchange"]): t for t in defs.get("topic_permissions", [])}
     due = topic.get((CONSUMER_USER, f"{prefix}.due"))
     require(due and due["vhost"] == vhost, f"the consumer needs a topic permission on exchange {prefix}.due")
-    for key in ("", "#", "0.1", "0." * 21 + "1"):
+    levels = len([x for x in exchanges if x.startswith(f"{prefix}.ladder.")])
+    for key in ("", "#", "0.1", "0." * (levels - 1) + "1", "0." * levels + "0"):
         require(not re.search(due["write"], key), f"the consumer may not publish to {prefix}.due (key {key!r})")
+    zero = ".".join(["0"] * levels)
+    require(re.search(due["write"], zero), f"the consumer must publish to {prefix}.due with a zero delay's key")
     require(re.search(due["read"], "#"), f"the consumer must be able to bind {prefix}.due with '#'")
-    return f"vhost {vhost}; {PUBLISHER_USER}: write {len(entries)} entry exchanges; {CONSUMER_USER}: {', '.join(sorted(own))}"
+    return (f"vhost {vhost}; {PUBLISHER_USER}: write {len(entries)} entry exchanges; "
+            f"{CONSUMER_USER}: {', '.join(sorted(own))}, write the same entries")
