@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use order_expiry::Outcome;
+use order_expiry::{Handled, Outcome};
 use order_expiry_testkit::{World, at_ms, message};
 
 /// 2 s each: every re-check passes level 0 of the ladder (2 s − the 300 ms
@@ -25,61 +25,77 @@ async fn an_order_inserted_after_its_message_is_cancelled_one_never_inserted_is_
     env.publish_messages(&[message("late-insert", due_at), message("never", due_at)])
         .await;
 
-    // First look: neither exists; both are sent through the ladder again.
+    // First look: neither exists; both are sent through the ladder again,
+    // each due again RECHECK after that look.
     let first = consumer.next_n(2, Duration::from_secs(10)).await;
     assert!(
         first.iter().all(|h| h.outcome == Outcome::UnknownRequeued),
         "{first:?}"
     );
-    let first_at = first.iter().map(|h| h.at).max().unwrap();
+    let recheck = TimeDelta::from_std(RECHECK).unwrap();
+    let again_at = |id: &str| -> DateTime<Utc> {
+        first
+            .iter()
+            .find(|h| h.order_id.as_deref() == Some(id))
+            .and_then(|h| h.not_before)
+            .expect("due again at")
+    };
+    for h in &first {
+        let not_before = h.not_before.expect("due again at");
+        // Decided before the publish and the ack that `at` is taken after.
+        assert!(not_before <= h.at + recheck, "{h:?}");
+        assert!(not_before > h.at + recheck - TimeDelta::seconds(1), "{h:?}");
+    }
     // The INSERT commits now, before the re-check.
     env.create_orders(&[("late-insert".into(), due_at)]).await;
 
-    let mut seen: Vec<(String, Outcome, DateTime<Utc>)> = Vec::new();
-    let handled = consumer.next_n(3, Duration::from_secs(15)).await;
-    for h in handled {
-        seen.push((h.order_id.unwrap().to_string(), h.outcome, h.at));
-    }
-    let of = |id: &str| -> Vec<(Outcome, DateTime<Utc>)> {
+    let seen: Vec<Handled> = consumer.next_n(3, Duration::from_secs(15)).await;
+    let of = |id: &str| -> Vec<&Handled> {
         seen.iter()
-            .filter(|(i, _, _)| i == id)
-            .map(|(_, o, at)| (*o, *at))
+            .filter(|h| h.order_id.as_deref() == Some(id))
             .collect()
     };
+    // Inserted after the first look: cancelled at the re-check, not before.
     let late = of("late-insert");
-    assert_eq!(late.len(), 1, "{seen:?}");
-    assert_eq!(late[0].0, Outcome::Cancelled);
+    assert_eq!(
+        late.iter().map(|h| h.outcome).collect::<Vec<_>>(),
+        [Outcome::Cancelled],
+        "{seen:?}"
+    );
     let (status, _, cancelled_at) = env.order("late-insert").await;
     assert_eq!(status, "cancelled");
-    let recheck = TimeDelta::from_std(RECHECK).unwrap();
-    let gap = cancelled_at.unwrap() - first_at;
-    assert!(
-        gap >= recheck - TimeDelta::milliseconds(50),
-        "re-checked after {gap}"
-    );
-    assert!(
-        gap < recheck + TimeDelta::seconds(1),
-        "re-checked after {gap}"
-    );
+    let late_by = cancelled_at.unwrap() - again_at("late-insert");
+    assert!(late_by >= TimeDelta::zero(), "re-checked {late_by} early");
+    assert!(late_by < TimeDelta::seconds(1), "re-checked {late_by} late");
 
-    // Never inserted: looked for again twice, 2 s apart, then unknown.
+    // Never inserted: looked for again twice, each not before its time, then unknown.
     let never = of("never");
     assert_eq!(
-        never.iter().map(|(o, _)| *o).collect::<Vec<_>>(),
+        never.iter().map(|h| h.outcome).collect::<Vec<_>>(),
         [Outcome::UnknownRequeued, Outcome::Unknown],
         "{seen:?}"
     );
-    let gaps = [never[0].1 - first_at, never[1].1 - never[0].1];
-    for gap in gaps {
-        assert!(gap >= recheck - TimeDelta::milliseconds(50), "{gaps:?}");
-        assert!(gap < recheck + TimeDelta::seconds(1), "{gaps:?}");
+    let second_at = never[0].not_before.expect("due again at");
+    let looks = [(never[0].at, again_at("never")), (never[1].at, second_at)];
+    for (handled_at, not_before) in looks {
+        let late = handled_at - not_before;
+        assert!(
+            late >= TimeDelta::zero(),
+            "looked again {late} early: {seen:?}"
+        );
+        assert!(
+            late < TimeDelta::seconds(1),
+            "looked again {late} late: {seen:?}"
+        );
     }
+    assert!(second_at - again_at("never") >= recheck, "{seen:?}");
     eprintln!(
-        "FIGURES insert race: re-checks after {} ms and {} ms (step {} ms); the late insert cancelled {} ms after the first look",
-        gaps[0].num_milliseconds(),
-        gaps[1].num_milliseconds(),
+        "FIGURES insert race: step {} ms; looks again {} ms and {} ms after their times; \
+         the late insert cancelled {} ms after its re-check time",
         RECHECK.as_millis(),
-        gap.num_milliseconds()
+        (looks[0].0 - looks[0].1).num_milliseconds(),
+        (looks[1].0 - looks[1].1).num_milliseconds(),
+        late_by.num_milliseconds()
     );
     consumer.expect_quiet(Duration::from_secs(3)).await;
     consumer.stop().await;

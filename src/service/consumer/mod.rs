@@ -118,6 +118,9 @@ pub struct Handled {
     pub outcome: Outcome,
     /// When it was acked.
     pub at: DateTime<Utc>,
+    /// For a message sent through the ladder again (`check_requeued`,
+    /// `unknown_requeued`): when it is due again (never processed before).
+    pub not_before: Option<DateTime<Utc>>,
 }
 
 /// Receives every [`Handled`] after its ack.

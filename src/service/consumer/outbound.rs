@@ -167,14 +167,14 @@ impl Outbound {
 
     /// The copy is confirmed: count it, ack the original, tell the observer.
     async fn acked(&self, delivery: Delivery, what: Republish) -> Done {
-        let (order_id, outcome) = match &what {
+        let (order_id, outcome, not_before) = match &what {
             Republish::Park(_) => {
                 metrics::counter!(MESSAGES_TOTAL.name, "outcome" => Outcome::Parked.label())
                     .increment(1);
                 metrics::counter!(PARKED_TOTAL.name).increment(1);
                 tracing::Span::current().record("outcome", Outcome::Parked.label());
                 debug!(target: CONSUMER, "handled");
-                (None, Outcome::Parked)
+                (None, Outcome::Parked, None)
             }
             Republish::Requeue(message, outcome) => {
                 record(message, *outcome, Utc::now());
@@ -182,7 +182,7 @@ impl Outbound {
                 info!(target: CONSUMER, not_before = ?message.not_before,
                     check_step = message.check_step, unknown_rechecks = message.unknown_rechecks,
                     "sent through the ladder again");
-                (Some(message.order_id.clone()), *outcome)
+                (Some(message.order_id.clone()), *outcome, message.not_before)
             }
         };
         match delivery.acker.ack(BasicAckOptions::default()).await {
@@ -195,6 +195,7 @@ impl Outbound {
                 order_id,
                 outcome,
                 at: Utc::now(),
+                not_before,
             });
         }
         Done::Republished(delivery.delivery_tag)

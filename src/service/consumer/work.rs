@@ -174,6 +174,7 @@ fn settle(batch: Vec<Pending>, next: Vec<Option<Next>>, observed: bool) -> Done 
                     order_id: Some(p.message.order_id.clone()),
                     outcome,
                     at: now,
+                    not_before: None,
                 });
                 handled.push((p.tag(), seen));
             }
