@@ -56,18 +56,21 @@ pub use crate::amqp::{BrokerError, ConnectError, TlsError, TlsFiles};
 pub use crate::publisher::{
     ExpiryMessage, InvalidOrderId, Malformed, OrderId, ScheduleError, Scheduled, Scheduler,
 };
+#[cfg(feature = "outbox")]
+pub use crate::publisher::{OUTBOX_INSERT_SQL, OutboxEntry, OutboxError};
 #[cfg(feature = "service")]
 pub use crate::service::{
     Action, ActionError, Arrival, BuildError, CheckAnswer, ConfiguredAction, Consumer,
     ConsumerError, Disposition, EventAction, Expiring, FailureClass, Handled, HttpAction,
-    OrderStore, Outcome, PaymentCheck, PgOrderStore, Readiness, Service, ServiceError, StoreError,
-    Sweeper, Verdict, classify, on_arrival, shutdown_on_signal,
+    OrderStore, Outcome, OutboxState, PaymentCheck, PgOrderStore, Readiness, Relay, RelayError,
+    Relayed, Round, Service, ServiceError, StoreError, Sweeper, Verdict, classify, on_arrival,
+    shutdown_on_signal,
 };
 pub use crate::settings::{
     ActionKind, ActionSettings, AmqpActionSettings, AmqpSettings, CheckSettings, ConsumerSettings,
     DatabaseSettings, ENV_PREFIX, FinalOutcome, HttpActionSettings, HttpSettings, InvalidSetting,
-    LogFormat, LogSettings, PublisherSettings, QueueType, Settings, SweeperSettings,
-    TopologySettings,
+    LogFormat, LogSettings, OutboxSettings, PublisherSettings, QueueType, Settings,
+    SweeperSettings, TopologySettings,
 };
 #[cfg(feature = "service")]
 pub use crate::telemetry::{init_tracing, init_tracing_for_tests};

@@ -1,4 +1,6 @@
-//! `order-expiry migrate`: the default `orders` table (idempotent).
+//! `order-expiry migrate`: the default `orders` table and the transactional
+//! outbox (`order_expiry_outbox`, its rejected rows, its notify trigger);
+//! idempotent.
 
 use anyhow::Context;
 use order_expiry::{PgOrderStore, Settings};
@@ -9,6 +11,6 @@ pub(super) async fn run(settings: &Settings) -> anyhow::Result<()> {
         .migrate()
         .await
         .with_context(|| format!("migrating {}", settings.database.display_url()))?;
-    eprintln!("orders table ready");
+    eprintln!("orders and outbox tables ready");
     Ok(())
 }

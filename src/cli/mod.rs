@@ -62,7 +62,7 @@ pub(crate) enum Command {
     /// Declare or export the broker topology.
     #[command(subcommand)]
     Topology(topology::TopologyCommand),
-    /// Create the default orders table (idempotent).
+    /// Create the default orders table and the outbox tables (idempotent).
     Migrate,
     /// End-to-end demo on the local broker and database.
     Demo(demo::DemoArgs),

@@ -5,10 +5,14 @@
 //! - [`error`]: [`ScheduleError`]: every way a schedule call can fail.
 //! - [`message`]: the v1 wire format: encode, decode, validate. Pure.
 //! - [`order_id`]: the validated [`OrderId`]. Pure.
+//! - `outbox` (feature `outbox`): [`Scheduler::schedule_in_tx`]: a row in the
+//!   order's own transaction, relayed by `order-expiry serve`.
 
 mod error;
 mod message;
 mod order_id;
+#[cfg(feature = "outbox")]
+mod outbox;
 mod scheduler;
 
 pub use self::error::ScheduleError;
@@ -16,4 +20,6 @@ pub use self::message::{ExpiryMessage, Malformed};
 pub use self::order_id::{InvalidOrderId, OrderId};
 #[cfg_attr(not(feature = "service"), allow(unused_imports))]
 pub(crate) use self::scheduler::Outgoing;
+#[cfg(feature = "outbox")]
+pub use self::outbox::{OUTBOX_INSERT_SQL, OutboxEntry, OutboxError};
 pub use self::scheduler::{Scheduled, Scheduler};

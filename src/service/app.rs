@@ -14,6 +14,7 @@ use super::action::{BuildError, ConfiguredAction};
 use super::consumer::{Consumer, ConsumerError};
 use super::http::{self, DbCheck, Readiness};
 use super::orders::{OrderStore, PgOrderStore, StoreError};
+use super::outbox::{Relay, RelayError};
 use super::sweeper::Sweeper;
 use crate::settings::{InvalidSetting, Settings};
 use crate::telemetry::metrics_handle;
@@ -33,6 +34,9 @@ pub enum ServiceError {
     /// Consumer settings are invalid.
     #[error(transparent)]
     Consumer(#[from] ConsumerError),
+    /// Outbox relay settings are invalid.
+    #[error(transparent)]
+    Relay(#[from] RelayError),
     /// The HTTP address cannot be bound.
     #[error("cannot listen on {addr}: {source}")]
     Listen {
@@ -48,6 +52,7 @@ pub enum ServiceError {
 pub struct Service {
     consumer: Consumer<ConfiguredAction>,
     sweeper: Option<Sweeper<PgOrderStore>>,
+    relay: Option<Relay>,
     listener: TcpListener,
     router: axum::Router,
     readiness: Arc<Readiness>,
@@ -75,6 +80,12 @@ impl Service {
             (Some(store), true) => Some(Sweeper::new(&settings.sweeper, Arc::clone(store))),
             _ => None,
         };
+        // The relay reads database.url whatever the action: an order service
+        // that expires its orders itself (http, amqp) may keep its outbox there.
+        let relay = match settings.outbox.enabled {
+            true => Some(Relay::new(settings, Arc::clone(&readiness))?),
+            false => None,
+        };
         let listener = TcpListener::bind(&settings.http.listen)
             .await
             .map_err(|source| ServiceError::Listen {
@@ -93,11 +104,13 @@ impl Service {
             settings.http.ready_timeout,
             metrics_handle(),
         );
-        let database = store.as_ref().map(|_| settings.database.display_url());
+        let uses_database = store.is_some() || relay.is_some();
+        let database = uses_database.then(|| settings.database.display_url());
         let urls = (settings.amqp.display_url(), database);
         Ok(Self {
             consumer,
             sweeper,
+            relay,
             listener,
             router,
             readiness,
@@ -117,7 +130,8 @@ impl Service {
     }
 
     /// Runs until `shutdown` is cancelled (see [`crate::shutdown_on_signal`]):
-    /// the consumer drains and the sweeper stops, then the HTTP endpoint stops.
+    /// the consumer drains, the sweeper stops and the outbox relay finishes its
+    /// round, then the HTTP endpoint stops.
     pub async fn run(self, shutdown: CancellationToken) {
         let (amqp, database) = &self.urls;
         let database = database.as_deref().unwrap_or("not used");
@@ -131,10 +145,14 @@ impl Service {
         let sweeper = self
             .sweeper
             .map(|s| tokio::spawn(s.run(sweep_stop.clone())));
+        let relay = self.relay.map(|r| tokio::spawn(r.run(sweep_stop.clone())));
         self.consumer.run(shutdown).await;
         sweep_stop.cancel();
         if let Some(sweeper) = sweeper {
             let _ = sweeper.await;
+        }
+        if let Some(relay) = relay {
+            let _ = relay.await;
         }
         http_stop.cancel();
         if let Ok(Err(e)) = http.await {

@@ -2,7 +2,7 @@
 //! database answers when something uses it) and `/metrics` (Prometheus text).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -16,10 +16,24 @@ use tokio_util::sync::CancellationToken;
 
 use crate::telemetry::CONSUMING;
 
-/// What the consumer reports about itself; `/readyz` reads it.
+/// What the consumer (and the outbox relay) report about themselves; `/readyz`
+/// reads it.
 #[derive(Debug, Default)]
 pub struct Readiness {
     consuming: AtomicBool,
+    outbox: AtomicU8,
+}
+
+/// What the outbox relay last reported: shown by `/readyz`, never deciding its
+/// status (see [`Readiness::set_outbox`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutboxState {
+    /// `outbox.enabled = false`, or the relay has not started.
+    Disabled,
+    /// The last round succeeded.
+    Relaying,
+    /// The last round failed (database, broker, missing table); it is retried.
+    Failing,
 }
 
 impl Readiness {
@@ -33,6 +47,40 @@ impl Readiness {
     /// Whether the consumer is consuming now.
     pub fn is_consuming(&self) -> bool {
         self.consuming.load(Ordering::SeqCst)
+    }
+
+    /// The relay's state after each round. It is shown in `/readyz`'s body but
+    /// does not make it 503: the relay depends on the broker and the database,
+    /// which readiness already checks, and anything else that stops it (no
+    /// outbox table, a permission) stops every replica alike, while their
+    /// consumers go on cancelling on time. The pending-rows gauges alert on it.
+    pub(crate) fn set_outbox(&self, state: OutboxState) {
+        let code = match state {
+            OutboxState::Disabled => 0,
+            OutboxState::Relaying => 1,
+            OutboxState::Failing => 2,
+        };
+        self.outbox.store(code, Ordering::SeqCst);
+    }
+
+    /// What the relay last reported.
+    pub fn outbox(&self) -> OutboxState {
+        match self.outbox.load(Ordering::SeqCst) {
+            1 => OutboxState::Relaying,
+            2 => OutboxState::Failing,
+            _ => OutboxState::Disabled,
+        }
+    }
+}
+
+impl OutboxState {
+    /// How `/readyz` shows it.
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Disabled => "disabled",
+            Self::Relaying => "relaying",
+            Self::Failing => "failing",
+        }
     }
 }
 
@@ -79,7 +127,8 @@ async fn readyz(State(state): State<AppState>) -> (StatusCode, String) {
         }
         None => (true, "not used".to_owned()),
     };
-    let body = format!("consuming: {consuming}\ndatabase: {db_text}\n");
+    let outbox = state.readiness.outbox().as_str();
+    let body = format!("consuming: {consuming}\ndatabase: {db_text}\noutbox: {outbox}\n");
     if consuming && db {
         (StatusCode::OK, body)
     } else {

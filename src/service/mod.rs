@@ -6,6 +6,7 @@
 //! - [`consumer`]: the delivery loop: hold until due, batch, ack / park / retry.
 //! - [`orders`]: the [`OrderStore`] trait and its PostgreSQL implementation.
 //! - [`sweeper`]: safety net: periodically cancels unpaid orders long overdue.
+//! - [`outbox`]: the transactional outbox relay: `order_expiry_outbox` to the ladder.
 //! - [`http`]: `/healthz`, `/readyz`, `/metrics`.
 //! - [`backoff`]: exponential backoff for reconnects and retries.
 //! - [`shutdown`]: SIGTERM / Ctrl-C → cancellation token.
@@ -24,6 +25,7 @@ mod backoff;
 mod consumer;
 mod http;
 mod orders;
+mod outbox;
 mod shutdown;
 mod sweeper;
 
@@ -33,7 +35,8 @@ pub use self::action::{
 };
 pub use self::app::{Service, ServiceError};
 pub use self::consumer::{Arrival, Consumer, ConsumerError, Handled, Outcome, on_arrival};
-pub use self::http::Readiness;
+pub use self::http::{OutboxState, Readiness};
 pub use self::orders::{Disposition, FailureClass, OrderStore, PgOrderStore, StoreError, classify};
+pub use self::outbox::{Relay, RelayError, Relayed, Round};
 pub use self::shutdown::shutdown_on_signal;
 pub use self::sweeper::Sweeper;

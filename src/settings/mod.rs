@@ -51,6 +51,8 @@ pub struct Settings {
     pub database: DatabaseSettings,
     /// The safety-net sweep of overdue unpaid orders.
     pub sweeper: SweeperSettings,
+    /// The transactional outbox relay (`order_expiry_outbox` to the ladder).
+    pub outbox: OutboxSettings,
     /// Health and metrics endpoint.
     pub http: HttpSettings,
     /// Logging.
@@ -212,6 +214,28 @@ pub struct SweeperSettings {
     pub sweep_sql: String,
 }
 
+/// The outbox relay `serve` runs: rows an order service inserted into
+/// `order_expiry_outbox` in its own transaction are published through the
+/// ladder with confirms, then deleted.
+#[derive(Debug, Clone, Deserialize)]
+pub struct OutboxSettings {
+    /// Whether `serve` runs the relay.
+    pub enabled: bool,
+    /// The fallback poll: the relay looks at the table this often even without
+    /// a notification (and at once after reconnecting), and refreshes the
+    /// pending-rows gauges (`poll_interval_ms`).
+    #[serde(rename = "poll_interval_ms", with = "millis")]
+    pub poll_interval: Duration,
+    /// Most rows locked, published and deleted per transaction.
+    pub batch_max: u32,
+    /// First wait after a round whose publishes or statements failed (`retry_initial_ms`).
+    #[serde(rename = "retry_initial_ms", with = "millis")]
+    pub retry_initial: Duration,
+    /// Longest such wait (`retry_max_ms`).
+    #[serde(rename = "retry_max_ms", with = "millis")]
+    pub retry_max: Duration,
+}
+
 /// The HTTP endpoint.
 #[derive(Debug, Clone, Deserialize)]
 pub struct HttpSettings {
@@ -323,6 +347,7 @@ mod tests {
         assert!(s.ladder().unwrap().max_delay_secs() >= 30 * 24 * 3600);
         assert_eq!(s.amqp.timeout, Duration::from_secs(10));
         assert!(s.sweeper.enabled);
+        assert!(s.outbox.enabled, "serve relays the outbox by default");
         assert!(
             s.sweeper.grace >= Duration::from_secs(60),
             "the ladder gets time first"

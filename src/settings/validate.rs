@@ -205,6 +205,16 @@ impl Settings {
         positive("sweeper.batch_max", u64::from(s.batch_max))?;
         statement("sweeper.sweep_sql", &s.sweep_sql)?;
 
+        let o = &self.outbox;
+        nonzero("outbox.poll_interval_ms", o.poll_interval)?;
+        positive("outbox.batch_max", u64::from(o.batch_max))?;
+        backoff(
+            "outbox.retry_initial_ms",
+            o.retry_initial,
+            "outbox.retry_max_ms",
+            o.retry_max,
+        )?;
+
         nonzero("http.ready_timeout_ms", self.http.ready_timeout)?;
         Ok(())
     }
@@ -423,6 +433,22 @@ mod tests {
                 |s| s.sweeper.sweep_sql = String::new(),
                 "sweeper.sweep_sql",
                 "empty",
+            ),
+            (
+                |s| s.outbox.poll_interval = ms(0),
+                "outbox.poll_interval_ms",
+                "not 0",
+            ),
+            (|s| s.outbox.batch_max = 0, "outbox.batch_max", "at least 1"),
+            (
+                |s| s.outbox.retry_initial = ms(0),
+                "outbox.retry_initial_ms",
+                "not 0",
+            ),
+            (
+                |s| s.outbox.retry_initial = ms(20_000),
+                "outbox.retry_initial_ms",
+                "ceiling",
             ),
             (
                 |s| s.http.ready_timeout = ms(0),

@@ -115,6 +115,32 @@ pub(crate) const SCHEDULE_TOTAL: Metric = Metric {
     )
 };
 
+pub(crate) const OUTBOX_PENDING: Metric = metric(
+    "order_expiry_outbox_pending",
+    Kind::Gauge,
+    "Rows waiting in order_expiry_outbox, as this replica last counted them (every outbox.poll_interval_ms).",
+);
+pub(crate) const OUTBOX_OLDEST_SECONDS: Metric = metric(
+    "order_expiry_outbox_oldest_seconds",
+    Kind::Gauge,
+    "Age of the oldest row waiting in order_expiry_outbox, from its created_at (its transaction's start); 0 when empty.",
+);
+pub(crate) const OUTBOX_LAG_SECONDS: Metric = metric(
+    "order_expiry_outbox_lag_seconds",
+    Kind::Histogram,
+    "Relay lag: from a row's created_at (its transaction's start) to the broker's confirm of its message, for rows relayed and deleted.",
+);
+pub(crate) const OUTBOX_PUBLISH_FAILURES_TOTAL: Metric = metric(
+    "order_expiry_outbox_publish_failures_total",
+    Kind::Counter,
+    "Outbox rows whose publish failed (broker down, nack, unroutable, timeout); they stay in the table and are retried.",
+);
+pub(crate) const OUTBOX_REJECTED_TOTAL: Metric = metric(
+    "order_expiry_outbox_rejected_total",
+    Kind::Counter,
+    "Outbox rows that can never be published (invalid order id, due time beyond the ladder), moved to order_expiry_outbox_rejected.",
+);
+
 /// The whole catalog, in the README's order.
 pub(crate) const CATALOG: &[Metric] = &[
     MESSAGES_TOTAL,
@@ -128,6 +154,11 @@ pub(crate) const CATALOG: &[Metric] = &[
     CONSUMING,
     SWEPT_TOTAL,
     SWEEP_ERRORS_TOTAL,
+    OUTBOX_PENDING,
+    OUTBOX_OLDEST_SECONDS,
+    OUTBOX_LAG_SECONDS,
+    OUTBOX_PUBLISH_FAILURES_TOTAL,
+    OUTBOX_REJECTED_TOTAL,
     SCHEDULE_TOTAL,
 ];
 

@@ -4,11 +4,17 @@ use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use super::catalog::{CATALOG, Kind, LATENESS_SECONDS, MESSAGES_TOTAL};
+use super::catalog::{CATALOG, Kind, LATENESS_SECONDS, MESSAGES_TOTAL, OUTBOX_LAG_SECONDS};
 
 /// Lateness buckets, in seconds: fine below 100 ms where the target is, coarse above.
 const LATENESS_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Relay lag buckets, in seconds: fine around the 50 ms target, then up to the
+/// minutes a broker outage keeps rows waiting.
+const OUTBOX_LAG_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
 /// The recorder, installed on first use.
@@ -21,6 +27,12 @@ pub(crate) fn metrics_handle() -> PrometheusHandle {
                     Matcher::Full(LATENESS_SECONDS.name.to_owned()),
                     LATENESS_BUCKETS,
                 )
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(OUTBOX_LAG_SECONDS.name.to_owned()),
+                        OUTBOX_LAG_BUCKETS,
+                    )
+                })
                 .unwrap_or_else(|_| PrometheusBuilder::new());
             let recorder = builder.build_recorder();
             let handle = recorder.handle();

@@ -19,6 +19,7 @@ use thiserror::Error;
 
 pub use self::failure::{FailureClass, classify};
 pub use self::postgres::PgOrderStore;
+pub(crate) use self::postgres::connect_config;
 use crate::publisher::ExpiryMessage;
 
 /// What the cancel statement did to one due order.

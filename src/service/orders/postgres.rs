@@ -18,6 +18,7 @@ use tokio_postgres::{NoTls, Row, Statement};
 
 use super::{Disposition, Existing, OrderStore, StoreError, dispositions};
 use crate::publisher::ExpiryMessage;
+use crate::service::outbox::OUTBOX_SCHEMA_SQL;
 use crate::settings::{DatabaseSettings, Settings, redact_url, scrub_url};
 
 /// The default table, as in the public contract. `migrate` runs it.
@@ -29,6 +30,11 @@ pub(crate) const SCHEMA_SQL: &str = "CREATE TABLE IF NOT EXISTS orders (
   paid_at      timestamptz,
   cancelled_at timestamptz
 )";
+
+/// Everything `migrate` runs: the orders table, then the outbox.
+pub(crate) fn migration_sql() -> String {
+    format!("{SCHEMA_SQL};\n{OUTBOX_SCHEMA_SQL}")
+}
 
 /// [`OrderStore`] on PostgreSQL.
 #[derive(Clone)]
@@ -81,9 +87,11 @@ impl PgOrderStore {
         Ok(self.pool.get().await?)
     }
 
-    /// Creates the default `orders` table if it does not exist.
+    /// Creates the default `orders` table and the outbox
+    /// (`order_expiry_outbox`, its rejected rows, its notify trigger) where
+    /// they do not exist, in one transaction.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        self.client().await?.batch_execute(SCHEMA_SQL).await?;
+        self.client().await?.batch_execute(&migration_sql()).await?;
         Ok(())
     }
 
@@ -323,7 +331,12 @@ fn ids_of<C: FromIterator<String>>(setting: &'static str, rows: &[Row]) -> Resul
         .map_err(|e| shape(setting, format!("must return the ids as text first: {e}")))
 }
 
-fn pool(settings: &DatabaseSettings) -> Result<Pool, StoreError> {
+/// The connection settings every database connection of the service uses:
+/// the URL, server-side statement and lock timeouts, keepalives. The pool's
+/// connections and the outbox relay's own connection share them.
+pub(crate) fn connect_config(
+    settings: &DatabaseSettings,
+) -> Result<tokio_postgres::Config, StoreError> {
     // Parse errors may quote the URL: scrub the password out of them.
     let mut config: tokio_postgres::Config =
         settings
@@ -357,6 +370,11 @@ fn pool(settings: &DatabaseSettings) -> Result<Pool, StoreError> {
         .keepalives_interval(Duration::from_secs(2))
         .keepalives_retries(3)
         .tcp_user_timeout(settings.query_timeout);
+    Ok(config)
+}
+
+fn pool(settings: &DatabaseSettings) -> Result<Pool, StoreError> {
+    let config = connect_config(settings)?;
     let manager = Manager::from_config(
         config,
         NoTls,
@@ -387,11 +405,11 @@ mod tests {
         words.join(" ").trim_end_matches(';').trim().to_owned()
     }
 
-    /// The compose stack's PostgreSQL creates the table `migrate` creates.
+    /// The compose stack's PostgreSQL creates the tables `migrate` creates.
     #[test]
     fn deploy_init_sql_is_the_migration() {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/postgres/init.sql");
         let init = std::fs::read_to_string(path).unwrap();
-        assert_eq!(normalized(&init), normalized(SCHEMA_SQL));
+        assert_eq!(normalized(&init), normalized(&migration_sql()));
     }
 }

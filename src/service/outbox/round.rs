@@ -1,0 +1,85 @@
+//! What one round's publish results mean for their rows. Pure.
+
+use chrono::{DateTime, Utc};
+
+use crate::publisher::{ScheduleError, Scheduled};
+
+/// One locked row of `order_expiry_outbox`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct OutboxRow {
+    pub(crate) id: i64,
+    pub(crate) order_id: String,
+    pub(crate) due_at: DateTime<Utc>,
+    pub(crate) created_at: DateTime<Utc>,
+}
+
+/// What happens to a row after its publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Confirmed by the broker: delete the row.
+    Published,
+    /// It can never be published: move it to `order_expiry_outbox_rejected`
+    /// with this reason.
+    Rejected(String),
+    /// Not published this time (broker down, nack, unroutable, timeout): keep
+    /// the row; a later round publishes it.
+    Retry,
+}
+
+/// The verdict on one publish result. Only what no retry can change rejects a
+/// row: its order id, or a due time beyond the ladder (time only shortens the
+/// delay, but not by the days a ladder's end is away).
+pub(crate) fn verdict(result: &Result<Scheduled, ScheduleError>) -> Verdict {
+    match result {
+        Ok(_) => Verdict::Published,
+        Err(e @ (ScheduleError::InvalidOrderId(_) | ScheduleError::DelayTooLong(_))) => {
+            Verdict::Rejected(e.to_string())
+        }
+        Err(_) => Verdict::Retry,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::publisher::OrderId;
+    use crate::topology::{DelayTooLong, Ladder};
+
+    #[test]
+    fn only_what_no_retry_changes_is_rejected() {
+        let route = Ladder::new("p", 3).unwrap().route(1).unwrap();
+        let ok = Ok(Scheduled {
+            message_id: "m".into(),
+            due_at: Utc::now(),
+            route,
+        });
+        assert_eq!(verdict(&ok), Verdict::Published);
+
+        let invalid = OrderId::new("").unwrap_err();
+        let rejected = verdict(&Err(ScheduleError::InvalidOrderId(invalid)));
+        assert!(matches!(rejected, Verdict::Rejected(r) if r.starts_with("invalid order id")));
+        let too_long = DelayTooLong {
+            delay_secs: 100,
+            max_secs: 7,
+        };
+        let rejected = verdict(&Err(ScheduleError::DelayTooLong(too_long)));
+        assert!(matches!(rejected, Verdict::Rejected(r) if r.contains("100")));
+
+        for transient in [
+            ScheduleError::Nacked {
+                order_id: "o".into(),
+            },
+            ScheduleError::Unroutable {
+                order_id: "o".into(),
+                exchange: "p.ladder.00".into(),
+                reply_code: 312,
+                reply_text: "NO_ROUTE".into(),
+            },
+            ScheduleError::Timeout(Duration::from_secs(1)),
+        ] {
+            assert_eq!(verdict(&Err(transient)), Verdict::Retry);
+        }
+    }
+}
