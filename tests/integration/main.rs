@@ -15,6 +15,7 @@ mod extensions;
 mod http;
 mod insert_race;
 mod isolation;
+mod outbox;
 mod payments;
 mod poison;
 mod poison_corpus;
