@@ -82,3 +82,30 @@ fn the_publisher_only_tree_has_no_service_crates() {
         service.len()
     );
 }
+
+/// Of the service's crates, the `outbox` feature may bring only PostgreSQL's
+/// client (and what it needs itself: its protocol crates, tokio-util, rand).
+const OUTBOX_MAY_ADD: &[&str] = &[
+    "postgres-protocol ",
+    "rand v0.9",
+    "tokio-postgres ",
+    "tokio-util ",
+];
+
+#[test]
+fn the_outbox_feature_adds_tokio_postgres_and_no_service_crate() {
+    let outbox = tree(&["--no-default-features", "--features", "outbox"]);
+    assert!(
+        outbox.iter().any(|c| c.starts_with("tokio-postgres ")),
+        "schedule_in_tx needs tokio-postgres"
+    );
+    let leaked: Vec<&String> = service_only(&outbox)
+        .into_iter()
+        .filter(|c| !OUTBOX_MAY_ADD.iter().any(|ok| c.starts_with(ok)))
+        .collect();
+    assert!(leaked.is_empty(), "in the outbox tree: {leaked:?}");
+    eprintln!(
+        "FIGURES dependencies: {} crates with --features outbox",
+        outbox.len()
+    );
+}

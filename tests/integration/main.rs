@@ -16,6 +16,7 @@ mod http;
 mod insert_race;
 mod isolation;
 mod outbox;
+mod outbox_clients;
 mod payments;
 mod poison;
 mod poison_corpus;

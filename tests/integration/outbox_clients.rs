@@ -1,0 +1,145 @@
+//! Order services writing to the outbox: Rust through
+//! `Scheduler::schedule_in_tx`, relayed one round at a time by the library's
+//! `Relay`; and the Python example (`examples/python/order_service.py`, with
+//! psycopg) against the real database while the real `serve` relays it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use order_expiry::{OutboxError, Readiness, Relay};
+use order_expiry_testkit::{World, at_ms};
+use secrecy::ExposeSecret;
+
+use crate::outbox::{assert_cancelled_on_time, outbox_rows};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedule_in_tx_commits_with_the_order_or_not_at_all() {
+    let env = World::new().await;
+    let scheduler = env.scheduler();
+    let url = env.settings.database.url.expose_secret().to_owned();
+    let (mut db, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("database");
+    tokio::spawn(connection);
+    let insert = "INSERT INTO orders (id, pay_deadline) VALUES ($1, $2)";
+
+    let due_at = at_ms(2500);
+    let tx = db.transaction().await.unwrap();
+    tx.execute(insert, &[&"rs-committed", &due_at])
+        .await
+        .unwrap();
+    let entry = scheduler
+        .schedule_in_tx(&tx, "rs-committed", due_at)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let tx = db.transaction().await.unwrap();
+    tx.execute(insert, &[&"rs-rolled-back", &due_at])
+        .await
+        .unwrap();
+    scheduler
+        .schedule_in_tx(&tx, "rs-rolled-back", due_at)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+
+    // What the relay could never publish is refused inside the transaction.
+    let tx = db.transaction().await.unwrap();
+    let invalid = scheduler.schedule_in_tx(&tx, "bad\nid", due_at).await;
+    assert!(matches!(invalid, Err(OutboxError::InvalidOrderId(_))));
+    let far = at_ms(3_600_000); // beyond the test ladder's 63 s
+    let too_long = scheduler.schedule_in_tx(&tx, "rs-far", far).await;
+    assert!(matches!(too_long, Err(OutboxError::DelayTooLong(_))));
+    tx.commit().await.unwrap();
+    assert_eq!(outbox_rows(&env).await, 1, "only the committed row");
+
+    // One round of the relay publishes it, and the consumer cancels on time.
+    let mut relay = Relay::new(&env.settings, Arc::new(Readiness::default())).unwrap();
+    let mut relayed = relay.observe();
+    let round = relay.relay_once().await.unwrap();
+    assert_eq!((round.published, round.rejected, round.failed), (1, 0, 0));
+    let row = relayed.recv().await.expect("the relayed row");
+    assert_eq!(
+        (row.outbox_id, row.order_id.as_str()),
+        (entry.id, "rs-committed")
+    );
+    assert!(row.confirmed_at.is_some_and(|at| at >= row.created_at));
+    let consumer = env.start_consumer();
+    let orders = [("rs-committed".to_owned(), due_at)];
+    assert_cancelled_on_time(&env, &orders).await;
+    assert!(!env.orders().await.unwrap().contains_key("rs-rolled-back"));
+    assert_eq!(relay.relay_once().await.unwrap(), Default::default());
+    consumer.stop().await;
+    env.cleanup().await;
+}
+
+/// The pinned venv `scripts/python-venv` makes (scripts/test runs it first).
+fn python() -> PathBuf {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/python-venv/bin/python");
+    let python = std::env::var_os("ORDER_EXPIRY_TEST_PYTHON").map_or(venv, PathBuf::from);
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/python-venv (scripts/test does)",
+        python.display()
+    );
+    python
+}
+
+/// Runs the Python example with `args`; its one JSON line.
+async fn order_service(env: &World, args: &[&str]) -> serde_json::Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/python/order_service.py");
+    let output = tokio::process::Command::new(python())
+        .arg(script)
+        .args(["--database-url", env.settings.database.url.expose_secret()])
+        .args(args)
+        .output()
+        .await
+        .expect("python runs");
+    assert!(
+        output.status.success(),
+        "order_service.py {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("one JSON line")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_order_service_schedules_through_the_outbox() {
+    let env = World::new().await;
+    let log = std::env::temp_dir().join(format!("order-expiry-python-{}.log", env.id));
+    let binary = Path::new(env!("CARGO_BIN_EXE_order-expiry"));
+    let served = order_expiry_testkit::Served::start(binary, &env.settings, &[], log).await;
+    served.wait_ready(Duration::from_secs(20)).await;
+
+    let created = order_service(&env, &["create", "py-1", "3"]).await;
+    assert_eq!(created["committed"], true, "{created}");
+    let rolled_back = order_service(&env, &["create", "py-2", "3", "--rollback"]).await;
+    assert_eq!(rolled_back["committed"], false, "{rolled_back}");
+
+    let deadline = env.order("py-1").await.1;
+    assert_cancelled_on_time(&env, &[("py-1".to_owned(), deadline)]).await;
+    assert!(!env.orders().await.unwrap().contains_key("py-2"));
+    assert_eq!(outbox_rows(&env).await, 0);
+    // One message: the rolled-back order was never scheduled.
+    assert_eq!(
+        served.metric("order_expiry_outbox_lag_seconds_count").await,
+        1.0
+    );
+    assert_eq!(
+        served
+            .metric("order_expiry_messages_total{outcome=\"cancelled\"}")
+            .await,
+        1.0
+    );
+    let mut served = served;
+    served.signal("-TERM");
+    assert!(
+        served
+            .wait_exit(Duration::from_secs(15))
+            .await
+            .is_some_and(|s| s.success())
+    );
+    env.cleanup().await;
+}
