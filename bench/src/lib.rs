@@ -6,6 +6,8 @@
 //!   the delay ladder and, with the same orders, one naive holding queue.
 //! - [`throughput`]: order-expiry against bare lapin through the same broker,
 //!   and its memory footprint.
+//! - [`outbox`]: the transactional outbox's relay lag, commit to confirm, at a
+//!   steady rate of committed order transactions.
 //!
 //! Each run lives in its own isolated world (`order_expiry_testkit::World`:
 //! topology prefix and PostgreSQL schema), removed at the end.
@@ -14,6 +16,7 @@
 #![warn(missing_debug_implementations, unreachable_pub, missing_docs)]
 
 pub mod lateness;
+pub mod outbox;
 pub mod throughput;
 
 /// Percentile of sorted values by nearest rank; 0 for none.

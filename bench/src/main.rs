@@ -1,4 +1,4 @@
-//! `order-expiry-bench lateness|throughput`: the benchmarks, with the settings
+//! `order-expiry-bench lateness|throughput|outbox`: the benchmarks, with the settings
 //! of `order-expiry` (built-in defaults, `--config FILE`, `ORDER_EXPIRY__…`
 //! variables).
 
@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use order_expiry::{LogFormat, Settings};
-use order_expiry_bench::{lateness, throughput};
+use order_expiry_bench::{lateness, outbox, throughput};
 
 /// Benchmarks of order-expiry against the local broker and database (not tests).
 #[derive(Debug, Parser)]
@@ -44,6 +44,8 @@ enum Command {
     Lateness(lateness::LatenessArgs),
     /// Throughput and footprint against bare lapin baselines.
     Throughput(throughput::ThroughputArgs),
+    /// Relay lag of the transactional outbox, commit to confirm.
+    Outbox(outbox::OutboxArgs),
 }
 
 #[tokio::main]
@@ -59,5 +61,6 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Lateness(args) => lateness::run(&settings, &args).await,
         Command::Throughput(args) => throughput::run(&settings, &args).await,
+        Command::Outbox(args) => outbox::run(&settings, &args).await,
     }
 }

@@ -1,0 +1,284 @@
+//! `order-expiry-bench outbox`: the transactional outbox's relay lag, from an
+//! order transaction's commit to the broker's confirm of its message, at a
+//! steady rate of committed transactions.
+//!
+//! Writers commit one transaction per order (`BEGIN; INSERT INTO orders;
+//! INSERT INTO order_expiry_outbox; COMMIT`) at `--rate` in all, each on its
+//! own connection, and note when each `COMMIT` returned. The library's real
+//! [`Relay`] runs in the same process, woken by the insert trigger's
+//! `NOTIFY`, and reports when each row's confirm came. Orders are due in 30
+//! minutes, as real ones are: every message enters the ladder and waits there
+//! until the world is removed. The pending rows are counted every second.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use chrono::{DateTime, TimeDelta, Utc};
+use clap::Args;
+use order_expiry::{Readiness, Relay, Relayed, Settings};
+use order_expiry_testkit::World;
+use secrecy::ExposeSecret;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::percentile;
+
+/// Arguments of `outbox`.
+#[derive(Debug, Clone, Args)]
+pub struct OutboxArgs {
+    /// Order transactions committed per second, in all.
+    #[arg(long, default_value_t = 1000)]
+    pub rate: u32,
+    /// How long transactions are committed for.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// The first part of the run left out of the figures (connections, JIT of
+    /// the broker's and database's caches).
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub warmup: Duration,
+    /// Connections committing transactions concurrently.
+    #[arg(long, default_value_t = 8)]
+    pub writers: u32,
+    /// Where the JSON report is written.
+    #[arg(long, default_value = "outbox.json")]
+    pub json: PathBuf,
+}
+
+/// One committed order, and what the relay said of it.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    committed_at: DateTime<Utc>,
+    created_at: Option<DateTime<Utc>>,
+    confirmed_at: Option<DateTime<Utc>>,
+}
+
+/// The figures of one run.
+#[derive(Debug, Serialize)]
+pub struct OutboxReport {
+    /// The broker's URL, password hidden.
+    pub broker: String,
+    /// Transactions committed, in all and per second achieved.
+    pub committed: usize,
+    /// Achieved commit rate over the run.
+    pub commit_rate: f64,
+    /// Rows confirmed and deleted.
+    pub relayed: usize,
+    /// Rows counted in the figures (after the warm-up).
+    pub measured: usize,
+    /// Commit → confirm, ms: p50, p90, p99, p99.9, max.
+    pub commit_to_confirm_ms: [f64; 5],
+    /// `created_at` (transaction start) → confirm, ms: what the metric shows.
+    pub created_to_confirm_ms: [f64; 5],
+    /// Pending rows sampled every second.
+    pub pending: Vec<i64>,
+    /// Load average (1 min) at the start and at the end.
+    pub load: (f64, f64),
+}
+
+/// Runs the benchmark, prints the report and writes it as JSON.
+pub async fn run(settings: &Settings, args: &OutboxArgs) -> anyhow::Result<()> {
+    let world = World::builder()
+        .settings(settings.clone())
+        .kind("bench-ob")
+        .build()
+        .await?;
+    let report = measure(&world, args).await;
+    world.cleanup().await;
+    let report = report?;
+    println!("{}", table(&report));
+    std::fs::write(&args.json, serde_json::to_string_pretty(&report)?)?;
+    println!("wrote {}", args.json.display());
+    Ok(())
+}
+
+async fn measure(world: &World, args: &OutboxArgs) -> anyhow::Result<OutboxReport> {
+    let load_start = load_average();
+    let mut relay = Relay::new(&world.settings, Arc::new(Readiness::default()))?;
+    let mut relayed = relay.observe();
+    let stop = CancellationToken::new();
+    let relay_task = tokio::spawn(relay.run(stop.clone()));
+    tokio::time::sleep(Duration::from_millis(500)).await; // connected and listening
+
+    let total = (f64::from(args.rate) * args.duration.as_secs_f64()).round() as usize;
+    let start = Instant::now();
+    let pending = tokio::spawn(count_pending(
+        world.settings.clone(),
+        args.duration,
+        stop.clone(),
+    ));
+    let mut writers = Vec::new();
+    for w in 0..args.writers.max(1) {
+        let settings = world.settings.clone();
+        let (rate, n) = (args.rate, args.writers.max(1));
+        writers.push(tokio::spawn(async move {
+            write_orders(&settings, w, n, rate, total, start).await
+        }));
+    }
+    let mut samples: HashMap<String, Sample> = HashMap::with_capacity(total);
+    for writer in writers {
+        for (id, committed_at) in writer.await?? {
+            samples.insert(
+                id,
+                Sample {
+                    committed_at,
+                    created_at: None,
+                    confirmed_at: None,
+                },
+            );
+        }
+    }
+    let elapsed = start.elapsed();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut relayed_rows = 0;
+    while relayed_rows < samples.len() && Instant::now() < deadline {
+        let Ok(Some(row)) = tokio::time::timeout(Duration::from_secs(5), relayed.recv()).await
+        else {
+            break;
+        };
+        relayed_rows += record(&mut samples, row);
+    }
+    stop.cancel();
+    let _ = relay_task.await;
+    let pending = pending.await?;
+    let warm = chrono::Duration::from_std(args.warmup)?;
+    let first_commit = samples.values().map(|s| s.committed_at).min();
+    let measured: Vec<&Sample> = samples
+        .values()
+        .filter(|s| first_commit.is_some_and(|f| s.committed_at >= f + warm))
+        .collect();
+    let ms = |d: TimeDelta| d.num_microseconds().unwrap_or(0).max(0) as f64 / 1000.0;
+    let mut commit: Vec<f64> = measured
+        .iter()
+        .filter_map(|s| Some(ms(s.confirmed_at? - s.committed_at)))
+        .collect();
+    let mut created: Vec<f64> = measured
+        .iter()
+        .filter_map(|s| Some(ms(s.confirmed_at? - s.created_at?)))
+        .collect();
+    commit.sort_by(f64::total_cmp);
+    created.sort_by(f64::total_cmp);
+    let figures = |v: &[f64]| {
+        [50.0, 90.0, 99.0, 99.9, 100.0].map(|p| (percentile(v, p) * 10.0).round() / 10.0)
+    };
+    Ok(OutboxReport {
+        broker: world.settings.amqp.display_url(),
+        committed: samples.len(),
+        commit_rate: samples.len() as f64 / elapsed.as_secs_f64(),
+        relayed: relayed_rows,
+        measured: commit.len(),
+        commit_to_confirm_ms: figures(&commit),
+        created_to_confirm_ms: figures(&created),
+        pending,
+        load: (load_start, load_average()),
+    })
+}
+
+/// Adds what the relay said of one row; 1 when it was confirmed.
+fn record(samples: &mut HashMap<String, Sample>, row: Relayed) -> usize {
+    match samples.get_mut(&row.order_id) {
+        Some(sample) if row.confirmed_at.is_some() => {
+            sample.created_at = Some(row.created_at);
+            sample.confirmed_at = row.confirmed_at;
+            1
+        }
+        _ => 0,
+    }
+}
+
+/// Writer `w` of `n`: commits its share of `total` order transactions at its
+/// share of `rate`, on its own connection; returns (order id, commit returned).
+async fn write_orders(
+    settings: &Settings,
+    w: u32,
+    n: u32,
+    rate: u32,
+    total: usize,
+    start: Instant,
+) -> anyhow::Result<Vec<(String, DateTime<Utc>)>> {
+    let url = settings.database.url.expose_secret();
+    let (mut db, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .context("writer connection")?;
+    tokio::spawn(connection);
+    let order = db
+        .prepare("INSERT INTO orders (id, pay_deadline) VALUES ($1, $2)")
+        .await?;
+    let outbox = db
+        .prepare("INSERT INTO order_expiry_outbox (order_id, due_at) VALUES ($1, $2)")
+        .await?;
+    let mut committed = Vec::with_capacity(total / n as usize + 1);
+    for i in (w as usize..total).step_by(n as usize) {
+        let at = start + Duration::from_secs_f64(i as f64 / f64::from(rate));
+        tokio::time::sleep_until(at.into()).await;
+        let id = format!("ob-{i}");
+        let due_at = Utc::now() + TimeDelta::minutes(30);
+        let tx = db.transaction().await?;
+        tx.execute(&order, &[&id, &due_at]).await?;
+        tx.execute(&outbox, &[&id, &due_at]).await?;
+        tx.commit().await?;
+        committed.push((id, Utc::now()));
+    }
+    Ok(committed)
+}
+
+/// The outbox's rows, every second, until `stop` (or the run and a minute).
+async fn count_pending(settings: Settings, run: Duration, stop: CancellationToken) -> Vec<i64> {
+    let url = settings.database.url.expose_secret().to_owned();
+    let Ok((db, connection)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await else {
+        return Vec::new();
+    };
+    tokio::spawn(connection);
+    let mut counts = Vec::new();
+    let mut ticks = tokio::time::interval(Duration::from_secs(1));
+    let until = Instant::now() + run + Duration::from_secs(60);
+    while !stop.is_cancelled() && Instant::now() < until {
+        ticks.tick().await;
+        match db
+            .query_one("SELECT count(*) FROM order_expiry_outbox", &[])
+            .await
+        {
+            Ok(row) => counts.push(row.get(0)),
+            Err(_) => break,
+        }
+    }
+    counts
+}
+
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+/// The report as text.
+pub fn table(r: &OutboxReport) -> String {
+    let row = |name: &str, v: &[f64; 5]| {
+        format!(
+            "| {name:<34} | {:>6.1} | {:>6.1} | {:>6.1} | {:>6.1} | {:>7.1} |",
+            v[0], v[1], v[2], v[3], v[4]
+        )
+    };
+    let max_pending = r.pending.iter().max().copied().unwrap_or(0);
+    format!(
+        "outbox relay lag on {}: {} transactions committed at {:.0}/s, {} relayed, {} measured after the warm-up\n\
+         | lag (ms)                           |    p50 |    p90 |    p99 |  p99.9 |     max |\n\
+         | ---------------------------------- | ------:| ------:| ------:| ------:| -------:|\n\
+         {}\n{}\n\
+         pending rows, every second: {:?} (max {max_pending})\n\
+         load average (1 min): {:.2} at the start, {:.2} at the end",
+        r.broker,
+        r.committed,
+        r.commit_rate,
+        r.relayed,
+        r.measured,
+        row("commit → confirm", &r.commit_to_confirm_ms),
+        row("created_at (tx start) → confirm", &r.created_to_confirm_ms),
+        r.pending,
+        r.load.0,
+        r.load.1,
+    )
+}
