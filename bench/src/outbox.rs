@@ -42,6 +42,9 @@ pub struct OutboxArgs {
     /// Connections committing transactions concurrently.
     #[arg(long, default_value_t = 8)]
     pub writers: u32,
+    /// How far ahead orders are due: every message waits in the ladder.
+    #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
+    pub due_in: Duration,
     /// Where the JSON report is written.
     #[arg(long, default_value = "outbox.json")]
     pub json: PathBuf,
@@ -56,7 +59,7 @@ struct Sample {
 }
 
 /// The figures of one run.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct OutboxReport {
     /// The broker's URL, password hidden.
     pub broker: String,
@@ -80,21 +83,27 @@ pub struct OutboxReport {
 
 /// Runs the benchmark, prints the report and writes it as JSON.
 pub async fn run(settings: &Settings, args: &OutboxArgs) -> anyhow::Result<()> {
-    let world = World::builder()
-        .settings(settings.clone())
-        .kind("bench-ob")
-        .build()
-        .await?;
-    let report = measure(&world, args).await;
-    world.cleanup().await;
-    let report = report?;
+    let report = measure(settings, args).await?;
     println!("{}", table(&report));
     std::fs::write(&args.json, serde_json::to_string_pretty(&report)?)?;
     println!("wrote {}", args.json.display());
     Ok(())
 }
 
-async fn measure(world: &World, args: &OutboxArgs) -> anyhow::Result<OutboxReport> {
+/// Runs the benchmark in a world of its own based on `settings` (prefix
+/// `bench-ob-<id>`, its own schema), removed at the end.
+pub async fn measure(settings: &Settings, args: &OutboxArgs) -> anyhow::Result<OutboxReport> {
+    let world = World::builder()
+        .settings(settings.clone())
+        .kind("bench-ob")
+        .build()
+        .await?;
+    let report = measure_in(&world, args).await;
+    world.cleanup().await;
+    report
+}
+
+async fn measure_in(world: &World, args: &OutboxArgs) -> anyhow::Result<OutboxReport> {
     let load_start = load_average();
     let mut relay = Relay::new(&world.settings, Arc::new(Readiness::default()))?;
     let mut relayed = relay.observe();
@@ -112,9 +121,9 @@ async fn measure(world: &World, args: &OutboxArgs) -> anyhow::Result<OutboxRepor
     let mut writers = Vec::new();
     for w in 0..args.writers.max(1) {
         let settings = world.settings.clone();
-        let (rate, n) = (args.rate, args.writers.max(1));
+        let (rate, n, due_in) = (args.rate, args.writers.max(1), args.due_in);
         writers.push(tokio::spawn(async move {
-            write_orders(&settings, w, n, rate, total, start).await
+            write_orders(&settings, (w, n), rate, due_in, total, start).await
         }));
     }
     let mut samples: HashMap<String, Sample> = HashMap::with_capacity(total);
@@ -189,15 +198,17 @@ fn record(samples: &mut HashMap<String, Sample>, row: Relayed) -> usize {
 }
 
 /// Writer `w` of `n`: commits its share of `total` order transactions at its
-/// share of `rate`, on its own connection; returns (order id, commit returned).
+/// share of `rate`, each due `due_in` later, on its own connection; returns
+/// (order id, when its commit returned).
 async fn write_orders(
     settings: &Settings,
-    w: u32,
-    n: u32,
+    (w, n): (u32, u32),
     rate: u32,
+    due_in: Duration,
     total: usize,
     start: Instant,
 ) -> anyhow::Result<Vec<(String, DateTime<Utc>)>> {
+    let due_in = TimeDelta::from_std(due_in)?;
     let url = settings.database.url.expose_secret();
     let (mut db, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
@@ -214,7 +225,7 @@ async fn write_orders(
         let at = start + Duration::from_secs_f64(i as f64 / f64::from(rate));
         tokio::time::sleep_until(at.into()).await;
         let id = format!("ob-{i}");
-        let due_at = Utc::now() + TimeDelta::minutes(30);
+        let due_at = Utc::now() + due_in;
         let tx = db.transaction().await?;
         tx.execute(&order, &[&id, &due_at]).await?;
         tx.execute(&outbox, &[&id, &due_at]).await?;
