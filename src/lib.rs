@@ -13,29 +13,36 @@
 //!   [`Scheduler`], the [`Ladder`], [`ExpiryMessage`] and [`OrderId`], the
 //!   [`Topology`] and its [`definitions_json`] export, and [`Settings`], without
 //!   axum, PostgreSQL, clap or the Prometheus exporter.
+//! - `outbox` (in `service`; on its own beside `default-features = false`):
+//!   `Scheduler::schedule_in_tx`, which schedules inside the order's own
+//!   PostgreSQL transaction through the `order_expiry_outbox` table. Adds
+//!   tokio-postgres only.
 //!
 //! # What to use
 //!
 //! - Publishing: [`Scheduler`] (from [`Settings`] or a URL and a [`Ladder`]),
 //!   its [`ScheduleError`] and [`Scheduled`]; [`OrderId`] and [`ExpiryMessage`].
+//!   Through the transactional outbox instead (feature `outbox`):
+//!   `Scheduler::schedule_in_tx`, `OutboxEntry`, `OutboxError`.
 //! - The broker's topology: [`Topology::describe`] / [`Topology::declare`] and
 //!   [`definitions_json`], for `topology apply` and `export` done in code.
 //! - Running the consumer service: [`Service::build`] and [`Service::run`] with
 //!   [`shutdown_on_signal`]; or its parts, [`Consumer`] with an [`Action`]
 //!   (every [`OrderStore`] such as [`PgOrderStore`] is one; [`HttpAction`] and
 //!   [`EventAction`] are the others, [`ConfiguredAction`] the one the settings
-//!   pick), and [`Sweeper`]. [`on_arrival`] is its pure decision on arrival,
+//!   pick), [`Sweeper`] and the outbox [`Relay`]. [`on_arrival`] is its pure decision on arrival,
 //!   [`Action::expire`] its unit of work, for tests.
 //!
 //! # Layout
 //!
-//! - `publisher`: [`Scheduler`], [`ScheduleError`], the v1 [`ExpiryMessage`], [`OrderId`].
+//! - `publisher`: [`Scheduler`], [`ScheduleError`], the v1 [`ExpiryMessage`], [`OrderId`];
+//!   with `outbox`, `schedule_in_tx`.
 //! - `topology`: ladder arithmetic, the one [`Topology`] description, declaring it, definitions export.
 //! - `amqp`: bounded, password-safe connect with TLS; the one timeout for broker awaits.
 //! - `settings`: typed [`Settings`]: `config/default.toml`, a file, `ORDER_EXPIRY__…` variables.
 //! - `telemetry`: the metrics catalog; with `service`, the tracing subscriber and Prometheus recorder.
 //! - `service` (feature): consumer session, acks, actions (SQL, HTTP, events) and the
-//!   payment check, orders store, sweeper, HTTP, shutdown.
+//!   payment check, orders store, sweeper, outbox relay, HTTP, shutdown.
 //!
 //! The `order-expiry` binary adds `cli` (`serve`, `schedule`, `topology`,
 //! `migrate`, `demo`) on top of this API; the benchmarks are the workspace
