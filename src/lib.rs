@@ -69,7 +69,7 @@ pub use crate::publisher::{OUTBOX_INSERT_SQL, OutboxEntry, OutboxError};
 pub use crate::service::{
     Action, ActionError, Arrival, BuildError, CheckAnswer, ConfiguredAction, Consumer,
     ConsumerError, Disposition, EventAction, Expiring, FailureClass, Handled, HttpAction,
-    OrderStore, Outcome, OutboxState, PaymentCheck, PgOrderStore, Readiness, Relay, RelayError,
+    OrderStore, OutboxState, Outcome, PaymentCheck, PgOrderStore, Readiness, Relay, RelayError,
     Relayed, Round, Service, ServiceError, StoreError, Sweeper, Verdict, classify, on_arrival,
     shutdown_on_signal,
 };

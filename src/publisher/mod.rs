@@ -18,8 +18,8 @@ mod scheduler;
 pub use self::error::ScheduleError;
 pub use self::message::{ExpiryMessage, Malformed};
 pub use self::order_id::{InvalidOrderId, OrderId};
-#[cfg_attr(not(feature = "service"), allow(unused_imports))]
-pub(crate) use self::scheduler::Outgoing;
 #[cfg(feature = "outbox")]
 pub use self::outbox::{OUTBOX_INSERT_SQL, OutboxEntry, OutboxError};
+#[cfg_attr(not(feature = "service"), allow(unused_imports))]
+pub(crate) use self::scheduler::Outgoing;
 pub use self::scheduler::{Scheduled, Scheduler};

@@ -24,8 +24,11 @@ pub struct Readiness {
     outbox: AtomicU8,
 }
 
-/// What the outbox relay last reported: shown by `/readyz`, never deciding its
-/// status (see [`Readiness::set_outbox`]).
+/// What the outbox relay last reported. `/readyz` shows it, but its status
+/// does not depend on it: the relay needs the broker and the database, which
+/// readiness already checks, and whatever else stops it (no outbox table, a
+/// permission) stops every replica alike while their consumers go on
+/// cancelling on time. The pending-rows gauges alert on a stuck relay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutboxState {
     /// `outbox.enabled = false`, or the relay has not started.
@@ -49,11 +52,7 @@ impl Readiness {
         self.consuming.load(Ordering::SeqCst)
     }
 
-    /// The relay's state after each round. It is shown in `/readyz`'s body but
-    /// does not make it 503: the relay depends on the broker and the database,
-    /// which readiness already checks, and anything else that stops it (no
-    /// outbox table, a permission) stops every replica alike, while their
-    /// consumers go on cancelling on time. The pending-rows gauges alert on it.
+    /// The relay's state after each round (see [`OutboxState`]).
     pub(crate) fn set_outbox(&self, state: OutboxState) {
         let code = match state {
             OutboxState::Disabled => 0,

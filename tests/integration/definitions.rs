@@ -17,7 +17,7 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use order_expiry::{
-    CONSUMER_USER, Consumer, Outcome, PUBLISHER_USER, Readiness, Scheduler, Settings,
+    CONSUMER_USER, Consumer, Outcome, PUBLISHER_USER, Readiness, Relay, Scheduler, Settings,
     definitions_json,
 };
 use order_expiry_testkit::{World, amqp_port, at_ms, rabbitmqctl};
@@ -377,5 +377,18 @@ async fn imported_users_have_least_privilege_and_suffice() {
         .await
         .expect("consumer stops")
         .unwrap();
+
+    // serve's outbox relay, as the consumer user: a row due in 40 s enters the
+    // ladder, one due already goes to the due exchange with the zero key.
+    let db = store.client().await.unwrap();
+    db.batch_execute(
+        "INSERT INTO order_expiry_outbox (order_id, due_at) VALUES \
+         ('lp-outbox-ladder', now() + interval '40 s'), ('lp-outbox-past', now() - interval '1 s')",
+    )
+    .await
+    .unwrap();
+    let mut relay = Relay::new(&settings, Arc::new(Readiness::default())).unwrap();
+    let round = relay.relay_once().await.unwrap();
+    assert_eq!((round.published, round.failed), (2, 0), "{round:?}");
     world.cleanup().await;
 }

@@ -18,8 +18,10 @@
 //! - [`schema`]: the tables and trigger `migrate` creates.
 //! - [`link`]: the relay's own listening connection and its statements.
 //! - [`round`]: what a publish result means for its row (pure).
+//! - [`report`]: what a committed round reports: metrics, logs, the observer.
 
 mod link;
+mod report;
 mod round;
 mod schema;
 
@@ -33,7 +35,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use self::link::Link;
-use self::round::{OutboxRow, Verdict, verdict};
+pub use self::report::Relayed;
+use self::report::report;
+use self::round::{Verdict, verdict};
 pub(crate) use self::schema::OUTBOX_SCHEMA_SQL;
 use super::backoff::Backoff;
 use super::http::{OutboxState, Readiness};
@@ -41,12 +45,11 @@ use super::orders::{StoreError, connect_config};
 use crate::publisher::{ScheduleError, Scheduler};
 use crate::settings::{OutboxSettings, Settings};
 use crate::telemetry::{
-    OUTBOX_LAG_SECONDS, OUTBOX_OLDEST_SECONDS, OUTBOX_PENDING, OUTBOX_PUBLISH_FAILURES_TOTAL,
-    OUTBOX_REJECTED_TOTAL,
+    OUTBOX_OLDEST_SECONDS, OUTBOX_PENDING, OUTBOX_PUBLISH_FAILURES_TOTAL, OUTBOX_REJECTED_TOTAL,
 };
 
 /// The log target of the relay's events.
-const RELAY: &str = "order_expiry::outbox";
+pub(super) const RELAY: &str = "order_expiry::outbox";
 
 /// Why the relay cannot be built, or why a round failed (it is retried).
 #[derive(Debug, Error)]
@@ -84,24 +87,6 @@ pub struct Round {
     pub failed: usize,
     /// The round locked `outbox.batch_max` rows: there may be more.
     pub full: bool,
-}
-
-/// One row the relay is done with, as reported to an observer
-/// ([`Relay::observe`]) after its round committed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Relayed {
-    /// The row's `id`.
-    pub outbox_id: i64,
-    /// Its `order_id`.
-    pub order_id: String,
-    /// Its `due_at`.
-    pub due_at: DateTime<Utc>,
-    /// Its `created_at`: the start of the transaction that inserted it.
-    pub created_at: DateTime<Utc>,
-    /// When the broker confirmed its message; `None` for a rejected row.
-    pub confirmed_at: Option<DateTime<Utc>>,
-    /// Why it can never be published, for a rejected row.
-    pub rejected: Option<String>,
 }
 
 /// Relays `order_expiry_outbox` to the ladder; `serve` runs one when
@@ -283,52 +268,13 @@ impl Relay {
             }
         }
         locked.finish(&done, &rejected).await?;
-        self.report(&published, &rejected, failed);
+        report(self.observer.as_ref(), &published, &rejected, failed);
         Ok(Round {
             published: published.len(),
             rejected: rejected.len(),
             failed,
             full,
         })
-    }
-
-    /// Metrics, logs and the observer, once a round committed.
-    fn report(
-        &self,
-        published: &[(&OutboxRow, DateTime<Utc>)],
-        rejected: &[(&OutboxRow, String)],
-        failed: usize,
-    ) {
-        metrics::counter!(OUTBOX_PUBLISH_FAILURES_TOTAL.name).increment(failed as u64);
-        metrics::counter!(OUTBOX_REJECTED_TOTAL.name).increment(rejected.len() as u64);
-        let lag = metrics::histogram!(OUTBOX_LAG_SECONDS.name);
-        for (row, confirmed_at) in published {
-            let seconds = (*confirmed_at - row.created_at)
-                .num_microseconds()
-                .unwrap_or(0);
-            lag.record(seconds.max(0) as f64 / 1e6);
-        }
-        for (row, reason) in rejected {
-            warn!(target: RELAY, outbox_id = row.id, order_id = %row.order_id.escape_debug(),
-                %reason, "outbox row can never be published: moved to order_expiry_outbox_rejected");
-        }
-        let Some(observer) = &self.observer else {
-            return;
-        };
-        let relayed = |row: &OutboxRow, confirmed_at, rejected| Relayed {
-            outbox_id: row.id,
-            order_id: row.order_id.clone(),
-            due_at: row.due_at,
-            created_at: row.created_at,
-            confirmed_at,
-            rejected,
-        };
-        for (row, at) in published {
-            let _ = observer.send(relayed(row, Some(*at), None));
-        }
-        for (row, reason) in rejected {
-            let _ = observer.send(relayed(row, None, Some(reason.clone())));
-        }
     }
 
     /// Refreshes the pending-rows gauges; a failure leaves them as they were.
