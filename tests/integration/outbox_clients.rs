@@ -1,7 +1,8 @@
 //! Order services writing to the outbox: Rust through
 //! `Scheduler::schedule_in_tx`, relayed one round at a time by the library's
 //! `Relay`; and the Python example (`examples/python/order_service.py`, with
-//! psycopg) against the real database while the real `serve` relays it.
+//! psycopg) against the real database while the real `serve` relays it:
+//! an order created, one rolled back, one whose deadline is extended.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -118,21 +119,33 @@ async fn the_python_order_service_schedules_through_the_outbox() {
     let rolled_back = order_service(&env, &["create", "py-2", "3", "--rollback"]).await;
     assert_eq!(rolled_back["committed"], false, "{rolled_back}");
 
-    let deadline = env.order("py-1").await.1;
-    assert_cancelled_on_time(&env, &[("py-1".to_owned(), deadline)]).await;
+    // An extension through the outbox: the old message comes at 2 s and
+    // changes nothing, the new one cancels at the new deadline, never before.
+    let extended = order_service(&env, &["create", "py-3", "2"]).await;
+    assert_eq!(extended["committed"], true, "{extended}");
+    let extended = order_service(&env, &["extend", "py-3", "4"]).await;
+    assert_eq!(extended["extended"], true, "{extended}");
+
+    let mut due = Vec::new();
+    for id in ["py-1", "py-3"] {
+        due.push((id.to_owned(), env.order(id).await.1));
+    }
+    assert_cancelled_on_time(&env, &due).await;
     assert!(!env.orders().await.unwrap().contains_key("py-2"));
     assert_eq!(outbox_rows(&env).await, 0);
-    // One message: the rolled-back order was never scheduled.
-    assert_eq!(
-        served.metric("order_expiry_outbox_lag_seconds_count").await,
-        1.0
-    );
-    assert_eq!(
-        served
-            .metric("order_expiry_messages_total{outcome=\"cancelled\"}")
-            .await,
-        1.0
-    );
+    // Three messages: the rolled-back order was never scheduled.
+    let relayed = served.metric("order_expiry_outbox_lag_seconds_count").await;
+    assert_eq!(relayed, 3.0);
+    let outcome = |o: &str| format!("order_expiry_messages_total{{outcome=\"{o}\"}}");
+    assert_eq!(served.metric(&outcome("cancelled")).await, 2.0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while served.metric(&outcome("extended")).await < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stale message was acked as extended"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let mut served = served;
     served.signal("-TERM");
     assert!(
