@@ -254,6 +254,19 @@ async fn due_queue_deleted(sweeper: bool) -> crate::support::Figures {
     let timeout = Duration::from_secs(if sweeper { 30 } else { 240 });
     let figures = settle(&world, &ledger, timeout).await;
     let settled = deleted_at.elapsed();
+    // Settled counts paid orders at payment, so their messages may still be on
+    // their way; `list_queues` figures for quorum queues also lag by up to the
+    // broker's stats interval (5 s). What matters: one outcome per message, no
+    // duplicate from the deleted queue. Those the broker could not dead-letter
+    // while the queue was missing come 180 s later (fewer outcomes, not more).
+    let quiet_by = Instant::now() + Duration::from_secs(10);
+    let handled = loop {
+        let handled = served.metric("order_expiry_messages_total").await;
+        if handled >= ORDERS as f64 || Instant::now() > quiet_by {
+            break handled;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
     let repairs = served
         .metric("order_expiry_repairs_total{what=\"due\"}")
         .await;
@@ -267,7 +280,7 @@ async fn due_queue_deleted(sweeper: bool) -> crate::support::Figures {
         },
         &format!(
             "repairs {repairs}, reconnects {reconnects}, swept {swept}, settled {:.1} s after the \
-             deletion; queues now: {}",
+             deletion; messages handled {handled}; queues now: {}",
             settled.as_secs_f64(),
             world.queue_report()
         ),
@@ -276,6 +289,10 @@ async fn due_queue_deleted(sweeper: bool) -> crate::support::Figures {
     assert!(
         repairs >= 1.0,
         "the consumer never re-declared the due queue"
+    );
+    assert!(
+        handled <= ORDERS as f64,
+        "{handled} outcomes for {ORDERS} messages: a duplicate"
     );
     scheduler.close().await;
     drop(served);
