@@ -2,6 +2,7 @@
 //! default), call the order service's HTTP endpoint, or publish an event; and
 //! the optional payment check before it (`[action.check]`).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use secrecy::SecretString;
@@ -58,6 +59,10 @@ pub struct HttpActionSettings {
     /// Sent as `Authorization: Bearer …` when set; never logged.
     #[serde(default)]
     pub bearer_token: Option<SecretString>,
+    /// A PEM bundle of CA certificates trusted for `https://` beside the
+    /// system's (a private CA); none by default.
+    #[serde(default)]
+    pub tls_ca_file: Option<PathBuf>,
 }
 
 /// `[action.amqp]`: the `order.expired` event.
@@ -106,6 +111,10 @@ pub struct CheckSettings {
     /// Sent as `Authorization: Bearer …` when set; never logged.
     #[serde(default)]
     pub bearer_token: Option<SecretString>,
+    /// A PEM bundle of CA certificates trusted for `https://` beside the
+    /// system's (a private CA); none by default.
+    #[serde(default)]
+    pub tls_ca_file: Option<PathBuf>,
 }
 
 /// A token that is set and not empty.

@@ -13,6 +13,7 @@ mod deploy_users;
 mod docs;
 mod extensions;
 mod http;
+mod https;
 mod insert_race;
 mod isolation;
 mod outbox;

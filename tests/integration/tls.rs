@@ -12,12 +12,12 @@ use secrecy::SecretString;
 
 /// A throw-away PKI: a CA, a server certificate for 127.0.0.1 and a client
 /// certificate it signed, and an unrelated CA.
-struct Pki {
+pub(crate) struct Pki {
     dir: PathBuf,
 }
 
 impl Pki {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let dir = std::env::temp_dir().join(format!(
             "order-expiry-tls-{}",
             &uuid::Uuid::new_v4().simple().to_string()[..12]
@@ -45,7 +45,7 @@ impl Pki {
         pki
     }
 
-    fn path(&self, file: &str) -> PathBuf {
+    pub(crate) fn path(&self, file: &str) -> PathBuf {
         self.dir.join(file)
     }
 

@@ -52,6 +52,7 @@ impl PaymentCheck {
             settings.timeout,
             settings.concurrency,
             bearer(&settings.bearer_token),
+            settings.tls_ca_file.as_deref(),
         )?;
         Ok(Self { client })
     }

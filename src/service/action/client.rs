@@ -1,8 +1,9 @@
 //! The HTTP client of the action and of the payment check: one bounded
-//! request at a time per permit, rustls (ring, the system roots) for
-//! `https://`, no redirects, and the bearer token as a sensitive header that
-//! never prints.
+//! request at a time per permit, rustls (ring, the system roots plus an
+//! optional PEM bundle of the operator's CAs) for `https://`, no redirects, and
+//! the bearer token as a sensitive header that never prints.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,6 +48,20 @@ pub(super) struct Client {
 /// The most of a response body kept (for a parked reason, a check answer).
 const BODY_LIMIT: usize = 1024;
 
+/// The certificates of a PEM bundle (`tls_ca_file`), trusted beside the system's.
+fn extra_roots(path: &Path) -> Result<Vec<reqwest::Certificate>, String> {
+    let pem = std::fs::read(path).map_err(|e| format!("tls_ca_file {}: {e}", path.display()))?;
+    let roots = reqwest::Certificate::from_pem_bundle(&pem)
+        .map_err(|e| format!("tls_ca_file {}: {e}", path.display()))?;
+    if roots.is_empty() {
+        return Err(format!(
+            "tls_ca_file {}: no PEM certificate in it",
+            path.display()
+        ));
+    }
+    Ok(roots)
+}
+
 impl Client {
     /// `setting` names the base URL's key in errors.
     pub(super) fn new(
@@ -55,6 +70,7 @@ impl Client {
         timeout: Duration,
         concurrency: usize,
         token: Option<&SecretString>,
+        tls_ca_file: Option<&Path>,
     ) -> Result<Self, BuildError> {
         let error = |reason: String| BuildError::Http { setting, reason };
         let base = base_url.trim_end_matches('/').to_owned();
@@ -71,7 +87,13 @@ impl Client {
             value.set_sensitive(true);
             headers.insert(AUTHORIZATION, value);
         }
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder();
+        if let Some(path) = tls_ca_file {
+            for ca in extra_roots(path).map_err(error)? {
+                builder = builder.add_root_certificate(ca);
+            }
+        }
+        let http = builder
             .default_headers(headers)
             .timeout(timeout)
             .connect_timeout(timeout)

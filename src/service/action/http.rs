@@ -46,6 +46,7 @@ impl HttpAction {
             settings.timeout,
             settings.concurrency,
             bearer(&settings.bearer_token),
+            settings.tls_ca_file.as_deref(),
         )?;
         Ok(Self { client })
     }

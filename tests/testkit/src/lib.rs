@@ -28,6 +28,7 @@ pub mod procfs;
 pub mod proxy;
 pub mod served;
 pub mod services;
+pub mod tls_front;
 pub mod world;
 
 pub use self::child::{Child, Launch, settings_env};
@@ -39,6 +40,7 @@ pub use self::services::{
     amqp_port, amqp_url, amqp_url_on, at_ms, database, database_url, free_port, rabbitmqctl, vhost,
     with_search_path,
 };
+pub use self::tls_front::TlsFront;
 pub use self::world::{OrderRow, TEST_LEVELS, World, WorldBuilder};
 
 /// A message for `order_id` due at `due_at`; panics on an invalid id.

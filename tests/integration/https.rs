@@ -1,0 +1,80 @@
+//! The HTTP action and the payment check over `https://`: a server whose
+//! certificate a private CA signed is trusted through `tls_ca_file`, and one signed
+//! by a CA nobody configured is never spoken to (the order is retried: neither
+//! cancelled nor parked, its message stays in the due queue).
+
+use std::time::Duration;
+
+use order_expiry::{ActionKind, Outcome, Settings};
+use order_expiry_testkit::{Endpoint, Reply, TlsFront, World, at_ms};
+
+use crate::tls::Pki;
+
+/// The HTTP action and the check, both at `base` with `tls_ca_file` trusted.
+fn over_https(env: &World, base: &str, tls_ca_file: std::path::PathBuf) -> Settings {
+    let mut settings = env.settings.clone();
+    settings.action.kind = ActionKind::Http;
+    settings.action.http.base_url = base.to_owned();
+    settings.action.http.tls_ca_file = Some(tls_ca_file.clone());
+    settings.action.http.timeout = Duration::from_millis(500);
+    settings.action.check.enabled = true;
+    settings.action.check.base_url = base.to_owned();
+    settings.action.check.tls_ca_file = Some(tls_ca_file);
+    settings.action.check.timeout = Duration::from_millis(500);
+    settings
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_action_and_the_check_trust_a_private_ca_through_tls_ca_file() {
+    let env = World::new().await;
+    let pki = Pki::new();
+    let endpoint = Endpoint::start().await;
+    let front = TlsFront::start(
+        endpoint.addr,
+        &pki.path("server.pem"),
+        &pki.path("server.key"),
+    )
+    .await;
+    endpoint.script("payment", "tls-1", vec![Reply::Payment("unpaid")]);
+    let base = format!("https://127.0.0.1:{}", front.addr.port());
+    let settings = over_https(&env, &base, pki.path("ca.pem"));
+    let mut consumer = env.start_consumer_with(&settings);
+    env.scheduler().schedule("tls-1", at_ms(-5)).await.unwrap();
+
+    let handled = consumer.next_n(1, Duration::from_secs(10)).await;
+    assert_eq!(handled[0].outcome, Outcome::Cancelled);
+    let kinds: Vec<_> = endpoint.requests().into_iter().map(|r| r.kind).collect();
+    assert_eq!(kinds, ["payment", "expire"], "checked, then expired");
+    assert!(front.handshakes() >= 1, "over TLS");
+    consumer.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_signed_by_a_ca_nobody_configured_is_never_spoken_to() {
+    let env = World::new().await;
+    let pki = Pki::new();
+    let endpoint = Endpoint::start().await;
+    let front = TlsFront::start(
+        endpoint.addr,
+        &pki.path("server.pem"),
+        &pki.path("server.key"),
+    )
+    .await;
+    let base = format!("https://127.0.0.1:{}", front.addr.port());
+    let settings = over_https(&env, &base, pki.path("other-ca.pem"));
+    let mut consumer = env.start_consumer_with(&settings);
+    env.scheduler().schedule("tls-2", at_ms(-5)).await.unwrap();
+
+    // Retried on its backoff: no outcome, no request, no completed handshake.
+    consumer.expect_quiet(Duration::from_secs(2)).await;
+    assert!(endpoint.requests().is_empty());
+    assert_eq!(front.handshakes(), 0);
+    consumer.stop().await;
+    assert_eq!(
+        env.depth(&env.ladder().due_queue()).await,
+        1,
+        "the message is back in the due queue, not parked or lost"
+    );
+    env.cleanup().await;
+}
