@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use clap::Subcommand;
-use order_expiry::{Settings, Topology, definitions_json};
+use order_expiry::{ActionKind, Settings, Topology, definitions_json};
 
 /// `topology` subcommands.
 #[derive(Debug, Subcommand)]
@@ -27,7 +27,14 @@ pub(super) async fn run(command: TopologyCommand, settings: &Settings) -> anyhow
         }
         TopologyCommand::Export { vhost } => {
             let vhost = vhost.unwrap_or_else(|| settings.topology.vhost.clone());
-            let text = definitions_json(&settings.ladder()?, &settings.topology, &vhost);
+            let event_exchange = (settings.action.kind == ActionKind::Amqp)
+                .then_some(settings.action.amqp.exchange.as_str());
+            let text = definitions_json(
+                &settings.ladder()?,
+                &settings.topology,
+                &vhost,
+                event_exchange,
+            );
             std::io::stdout().write_all(text.as_bytes())?;
         }
     }

@@ -83,8 +83,10 @@ pub(crate) struct Access {
 }
 
 impl Access {
-    /// The least privileges the publisher and the consumer of `ladder` need.
-    pub(crate) fn describe(ladder: &Ladder) -> Self {
+    /// The least privileges the publisher and the consumer of `ladder` need;
+    /// with the event action (`action.kind = amqp`), the consumer also writes
+    /// to `event_exchange`, which it neither declares nor reads.
+    pub(crate) fn describe(ladder: &Ladder, event_exchange: Option<&str>) -> Self {
         let levels: Vec<String> = (0..ladder.levels())
             .rev()
             .map(|level| ladder.level_name(level))
@@ -111,6 +113,7 @@ impl Access {
             .map(|b| b.destination.clone())
             .chain([ladder.parked_exchange()])
             .chain(levels)
+            .chain(event_exchange.map(str::to_owned))
             .collect();
         let read: Vec<String> = part
             .bindings
@@ -247,7 +250,7 @@ mod tests {
 
     #[test]
     fn the_publisher_writes_every_entry_exchange_and_nothing_else() {
-        let access = Access::describe(&ladder());
+        let access = Access::describe(&ladder(), None);
         let publisher = &access.permissions[0];
         assert_eq!(publisher.user, PUBLISHER_USER);
         assert_eq!(
@@ -265,7 +268,7 @@ mod tests {
 
     #[test]
     fn the_consumer_gets_what_it_redeclares_consumes_parks_to_and_requeues_into() {
-        let access = Access::describe(&ladder());
+        let access = Access::describe(&ladder(), None);
         let consumer = &access.permissions[1];
         let both = r"^(orders\.due|orders\.parked)$";
         assert_eq!(consumer.user, CONSUMER_USER);
@@ -291,6 +294,18 @@ mod tests {
             }]
         );
         assert_eq!(ladder().route(0).unwrap().routing_key, "0.0.0");
+    }
+
+    #[test]
+    fn with_the_event_action_the_consumer_also_writes_the_event_exchange_only() {
+        let plain = Access::describe(&ladder(), None);
+        let access = Access::describe(&ladder(), Some("shop.events"));
+        let consumer = &access.permissions[1];
+        assert!(matches(&consumer.write, "shop.events"));
+        assert!(!matches(&consumer.configure, "shop.events"));
+        assert!(!matches(&consumer.read, "shop.events"));
+        assert_eq!(access.permissions[0], plain.permissions[0], "publisher");
+        assert_eq!(access.topic_permissions, plain.topic_permissions);
     }
 
     #[test]

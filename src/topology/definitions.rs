@@ -13,10 +13,17 @@ use crate::settings::TopologySettings;
 /// The definitions `topology export` prints for `settings`: every exchange, queue
 /// and binding, and the publisher and consumer users with their permissions, all
 /// in `vhost`; pretty-printed with a trailing newline, the bytes of
-/// `definitions.json` for the default settings.
-pub fn definitions_json(ladder: &Ladder, settings: &TopologySettings, vhost: &str) -> String {
+/// `definitions.json` for the default settings. `event_exchange` is the event
+/// action's exchange (`action.amqp.exchange` with `action.kind = amqp`), which
+/// the consumer user may then write to; `None` with the other actions.
+pub fn definitions_json(
+    ladder: &Ladder,
+    settings: &TopologySettings,
+    vhost: &str,
+    event_exchange: Option<&str>,
+) -> String {
     let mut definitions = objects(&Topology::describe(ladder, settings), vhost);
-    Access::describe(ladder).add_to(&mut definitions, vhost);
+    Access::describe(ladder, event_exchange).add_to(&mut definitions, vhost);
     let mut text =
         serde_json::to_string_pretty(&definitions).unwrap_or_else(|_| String::from("{}"));
     text.push('\n');
@@ -117,6 +124,7 @@ mod tests {
             &settings.ladder().unwrap(),
             &settings.topology,
             &settings.topology.vhost,
+            None,
         );
         let defs: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(defs["vhosts"], json!([{ "name": "order-expiry" }]));

@@ -37,12 +37,50 @@ fn definitions_json_matches_the_export_of_the_default_settings() {
         &settings.ladder().unwrap(),
         &settings.topology,
         &settings.topology.vhost,
+        None,
     );
     assert!(
         repo_definitions() == expected,
         "definitions.json drifted from `order-expiry topology export`; regenerate it with\n  \
          cargo run -q -- topology export > definitions.json"
     );
+}
+
+/// With the event action, the export lets the consumer user write to the
+/// event exchange, and nothing else changes.
+#[test]
+fn the_export_for_the_event_action_lets_the_consumer_write_its_exchange() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_order-expiry"))
+        .args(["topology", "export"])
+        .env("ORDER_EXPIRY__ACTION__KIND", "amqp")
+        .env("ORDER_EXPIRY__ACTION__AMQP__EXCHANGE", "shop.events")
+        .output()
+        .expect("order-expiry runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let exported: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let plain: Value = serde_json::from_str(&repo_definitions()).unwrap();
+    let consumer_write = |defs: &Value| {
+        defs["permissions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["user"] == "order-expiry-consumer")
+            .map(|p| p["write"].as_str().unwrap().to_owned())
+            .unwrap()
+    };
+    let with_event = consumer_write(&exported);
+    let without = consumer_write(&plain);
+    let expected = format!(r"{}|shop\.events)$", without.strip_suffix(")$").unwrap());
+    assert_eq!(
+        with_event, expected,
+        "the consumer writes exactly the event exchange more"
+    );
+    assert_eq!(exported["queues"], plain["queues"]);
+    assert_eq!(exported["topic_permissions"], plain["topic_permissions"]);
 }
 
 /// `definitions.json` imported under fresh vhost and user names; everything is
