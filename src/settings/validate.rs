@@ -123,6 +123,24 @@ impl Settings {
     /// the consumer may hold). The first impossible one is returned.
     pub fn validate(&self) -> Result<(), InvalidSetting> {
         self.validate_publisher()?;
+        self.validate_consumer()?;
+        self.validate_database()?;
+        self.validate_sweeper()?;
+        let o = &self.outbox;
+        nonzero("outbox.poll_interval_ms", o.poll_interval)?;
+        positive("outbox.batch_max", u64::from(o.batch_max))?;
+        backoff(
+            "outbox.retry_initial_ms",
+            o.retry_initial,
+            "outbox.retry_max_ms",
+            o.retry_max,
+        )?;
+        nonzero("http.ready_timeout_ms", self.http.ready_timeout)?;
+        Ok(())
+    }
+
+    /// `[consumer]`, and `[action]` through it (both bound by the ladder).
+    fn validate_consumer(&self) -> Result<(), InvalidSetting> {
         let c = &self.consumer;
         if c.prefetch == 0 {
             return invalid(
@@ -160,8 +178,11 @@ impl Settings {
             &c.unknown_rechecks,
             max_secs,
         )?;
-        self.validate_action(max_secs)?;
+        self.validate_action(max_secs)
+    }
 
+    /// `[database]`.
+    fn validate_database(&self) -> Result<(), InvalidSetting> {
         let d = &self.database;
         positive("database.pool_size", d.pool_size as u64)?;
         // 0 disables these two in PostgreSQL: a statement could wait for ever.
@@ -181,8 +202,11 @@ impl Settings {
             );
         }
         statement("database.cancel_sql", &d.cancel_sql)?;
-        statement("database.exists_sql", &d.exists_sql)?;
+        statement("database.exists_sql", &d.exists_sql)
+    }
 
+    /// `[sweeper]`: it cancels in SQL, so only beside the SQL action without a check.
+    fn validate_sweeper(&self) -> Result<(), InvalidSetting> {
         let s = &self.sweeper;
         if s.enabled && self.action.kind != ActionKind::Sql {
             return invalid(
@@ -203,20 +227,7 @@ impl Settings {
         }
         nonzero("sweeper.interval_ms", s.interval)?;
         positive("sweeper.batch_max", u64::from(s.batch_max))?;
-        statement("sweeper.sweep_sql", &s.sweep_sql)?;
-
-        let o = &self.outbox;
-        nonzero("outbox.poll_interval_ms", o.poll_interval)?;
-        positive("outbox.batch_max", u64::from(o.batch_max))?;
-        backoff(
-            "outbox.retry_initial_ms",
-            o.retry_initial,
-            "outbox.retry_max_ms",
-            o.retry_max,
-        )?;
-
-        nonzero("http.ready_timeout_ms", self.http.ready_timeout)?;
-        Ok(())
+        statement("sweeper.sweep_sql", &s.sweep_sql)
     }
 
     /// `[action]`: what the chosen action and the payment check need.
