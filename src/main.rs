@@ -16,7 +16,7 @@ use order_expiry::Settings;
 #[tokio::main]
 async fn main() -> ExitCode {
     match run().await {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(error) => {
             eprintln!("error: {error:#}");
             ExitCode::FAILURE
@@ -24,10 +24,17 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run() -> anyhow::Result<()> {
+async fn run() -> anyhow::Result<ExitCode> {
     let args = cli::Cli::parse();
     let settings = Settings::load(args.config.as_deref()).context("loading settings")?;
     let format = args.log_format.map_or(settings.log.format, Into::into);
-    order_expiry::init_tracing(format, &settings.log.filter);
+    // A one-shot command reports a broker refusal itself, on one line; lapin's
+    // own ERROR for the channel the broker closed would say it a second time.
+    let filter = if args.command.reports_broker_errors() {
+        format!("{},lapin::channel=off", settings.log.filter)
+    } else {
+        settings.log.filter.clone()
+    };
+    order_expiry::init_tracing(format, &filter);
     cli::run(args.command, settings).await
 }

@@ -46,3 +46,15 @@ pub(crate) async fn bounded<T>(
         }),
     }
 }
+
+/// Whether the broker answered 404 NOT_FOUND: a publish to an exchange, or a
+/// passive declare of a queue, that does not exist. The broker closes the
+/// channel with it.
+pub(crate) fn is_not_found(error: &lapin::Error) -> bool {
+    use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+    matches!(
+        error.kind(),
+        lapin::ErrorKind::ProtocolError(e)
+            if matches!(e.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND))
+    )
+}

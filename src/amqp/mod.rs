@@ -7,7 +7,7 @@ mod link;
 mod tls;
 
 pub use self::bounded::BrokerError;
-pub(crate) use self::bounded::bounded;
+pub(crate) use self::bounded::{bounded, is_not_found};
 pub use self::connect::ConnectError;
 pub(crate) use self::connect::connect;
 pub(crate) use self::link::{ConfirmLink, LinkError};

@@ -6,14 +6,17 @@
 //! - [`topology`]: `topology apply` and `topology export`.
 //! - [`migrate`]: the default orders table.
 //! - [`demo`]: the end-to-end demo.
+//! - [`status`]: one look at the ladder, due, parked, outbox and overdue orders.
 
 mod demo;
 mod migrate;
 mod schedule;
 mod serve;
+mod status;
 mod topology;
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use order_expiry::{LogFormat, Settings};
@@ -66,17 +69,29 @@ pub(crate) enum Command {
     Migrate,
     /// End-to-end demo on the local broker and database.
     Demo(demo::DemoArgs),
+    /// One look at the whole system; exit 2 when unhealthy.
+    Status(status::StatusArgs),
 }
 
-/// Runs one command.
-pub(crate) async fn run(command: Command, settings: Settings) -> anyhow::Result<()> {
+impl Command {
+    /// Whether the command ends on its first broker error and prints it itself
+    /// (every command but the long-running `serve` and `demo`).
+    pub(crate) fn reports_broker_errors(&self) -> bool {
+        !matches!(self, Self::Serve | Self::Demo(_))
+    }
+}
+
+/// Runs one command; most exit 0 when they succeed, `status` tells health.
+pub(crate) async fn run(command: Command, settings: Settings) -> anyhow::Result<ExitCode> {
     match command {
         Command::Serve => serve::run(&settings).await,
         Command::Schedule(args) => schedule::run(args, &settings).await,
         Command::Topology(command) => topology::run(command, &settings).await,
         Command::Migrate => migrate::run(&settings).await,
         Command::Demo(args) => demo::run(&args, &settings).await,
-    }
+        Command::Status(args) => return status::run(&args, &settings).await,
+    }?;
+    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

@@ -46,6 +46,16 @@ pub enum ScheduleError {
         /// AMQP reply text.
         reply_text: String,
     },
+    /// The exchange the message was published to does not exist on the broker
+    /// (vhost of `amqp.url`): the topology was never applied there, or with
+    /// another prefix. Nothing was published.
+    #[error(
+        "exchange {exchange} does not exist on the broker; create the topology with `order-expiry topology apply` (same prefix and vhost)"
+    )]
+    TopologyMissing {
+        /// The exchange that is missing.
+        exchange: String,
+    },
     /// The broker did not confirm in time; the message may or may not be held.
     #[error("no publisher confirm within {0:?}")]
     Timeout(Duration),
@@ -66,6 +76,7 @@ impl ScheduleError {
             Self::Topology(_) | Self::Settings(_) => "topology",
             Self::Nacked { .. } => "nacked",
             Self::Unroutable { .. } => "unroutable",
+            Self::TopologyMissing { .. } => "topology_missing",
             Self::Timeout(_) => "timeout",
             Self::Broker(_) | Self::Connect(_) => "connection",
         }

@@ -202,6 +202,12 @@ impl Scheduler {
                     // later): the next call opens a fresh one.
                     let timed_out = matches!(error, BrokerError::Timeout { .. });
                     self.link.forget(&channel, link_id, timed_out).await;
+                    if let BrokerError::Failed { source, .. } = &error
+                        && amqp::is_not_found(source)
+                    {
+                        let exchange = outgoing.route.exchange;
+                        return Err(ScheduleError::TopologyMissing { exchange });
+                    }
                     return Err(error.into());
                 }
             };

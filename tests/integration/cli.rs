@@ -135,3 +135,29 @@ async fn serve_refuses_impossible_settings_with_one_line_naming_the_key() {
         assert!(lines[0].contains(expected), "{key}={value}: {stderr}");
     }
 }
+
+/// A schedule into a prefix whose topology was never applied names the missing
+/// exchange and the command that creates it, on one line, with no log line
+/// from the AMQP client on top.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedule_into_a_missing_topology_names_the_exchange_and_the_fix() {
+    let env = World::new().await;
+    let mut cmd = binary(&env);
+    cmd.env(
+        "ORDER_EXPIRY__TOPOLOGY__PREFIX",
+        format!("nothere-{}", env.id),
+    )
+    .args(["schedule", "--order-id", "a", "--delay", "5s"]);
+    let out = run_with_stdin(cmd, "").await;
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one line: {stderr}");
+    let exchange = format!("nothere-{}.ladder.02", env.id);
+    assert!(
+        lines[0].starts_with("error: exchange ") && lines[0].contains(&exchange),
+        "{stderr}"
+    );
+    assert!(lines[0].contains("order-expiry topology apply"), "{stderr}");
+    env.cleanup().await;
+}

@@ -38,11 +38,13 @@ async fn schedule_to_an_exchange_that_does_not_route_is_an_error() {
         Err(ScheduleError::Unroutable { reply_code, .. }) => assert_eq!(reply_code, 312),
         other => panic!("expected Unroutable, got {other:?}"),
     }
-    // An exchange that does not exist at all is an error too, and the scheduler
-    // recovers for the next call.
+    // An exchange that does not exist at all is an error naming it, and the
+    // scheduler recovers for the next call.
     match scheduler.schedule("o-2", at_ms(2_000)).await {
-        Err(ScheduleError::Broker(_)) => {}
-        other => panic!("expected a broker error, got {other:?}"),
+        Err(ScheduleError::TopologyMissing { exchange }) => {
+            assert_eq!(exchange, ladder.level_name(0))
+        }
+        other => panic!("expected TopologyMissing, got {other:?}"),
     }
     let _ = env
         .channel()

@@ -1,0 +1,111 @@
+//! One admin connection for operator commands. A passive declare of a queue
+//! that does not exist makes the broker close the channel (404), so each look
+//! that may miss runs on a channel that is reopened after it.
+
+use std::time::Duration;
+
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection};
+use thiserror::Error;
+
+use crate::Settings;
+use crate::amqp::{self, BrokerError, ConnectError, TlsFiles};
+use crate::service::StoreError;
+use crate::topology::LadderError;
+
+/// An operator command could not do its work.
+#[derive(Debug, Error)]
+pub enum OpsError {
+    /// The topology settings are invalid.
+    #[error("invalid topology settings: {0}")]
+    Settings(#[from] LadderError),
+    /// No connection to the broker.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// The broker refused an operation or did not answer.
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    /// The database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The broker did not take a message that was being moved; it is still
+    /// where it was (unacked there, so the broker keeps it).
+    #[error("the broker did not take the message for {what}: {reason}")]
+    NotTaken {
+        /// The message.
+        what: String,
+        /// Nack, unroutable or no confirm.
+        reason: String,
+    },
+}
+
+/// What a passive declare tells about a queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueState {
+    /// Ready messages (not the unacked ones: AMQP does not report those).
+    pub messages: u32,
+    /// Consumers subscribed.
+    pub consumers: u32,
+}
+
+/// The admin connection and its current plain channel.
+pub(crate) struct Admin {
+    connection: Connection,
+    channel: Channel,
+    pub(crate) timeout: Duration,
+}
+
+impl Admin {
+    /// Connects with `settings` as `name`.
+    pub(crate) async fn open(settings: &Settings, name: &str) -> Result<Self, OpsError> {
+        let timeout = settings.amqp.timeout;
+        let tls = TlsFiles::from_settings(&settings.amqp);
+        let connection = amqp::connect(&settings.amqp.url, &tls, name, timeout).await?;
+        let channel = amqp::bounded("channel.open", timeout, connection.create_channel()).await?;
+        Ok(Self {
+            connection,
+            channel,
+            timeout,
+        })
+    }
+
+    /// The plain channel, reopened if the broker closed it.
+    pub(crate) async fn channel(&mut self) -> Result<Channel, OpsError> {
+        if !self.channel.status().connected() {
+            let opening = self.connection.create_channel();
+            self.channel = amqp::bounded("channel.open", self.timeout, opening).await?;
+        }
+        Ok(self.channel.clone())
+    }
+
+    /// A new channel of its own: closing it returns what it fetched unacked.
+    pub(crate) async fn own_channel(&self) -> Result<Channel, OpsError> {
+        let opening = self.connection.create_channel();
+        Ok(amqp::bounded("channel.open", self.timeout, opening).await?)
+    }
+
+    /// Ready messages and consumers of `queue`; `None` when it does not exist.
+    pub(crate) async fn queue(&mut self, queue: &str) -> Result<Option<QueueState>, OpsError> {
+        let channel = self.channel().await?;
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        let declaring = channel.queue_declare(queue.into(), passive, FieldTable::default());
+        match amqp::bounded(format!("looking at queue {queue}"), self.timeout, declaring).await {
+            Ok(q) => Ok(Some(QueueState {
+                messages: q.message_count(),
+                consumers: q.consumer_count(),
+            })),
+            Err(BrokerError::Failed { source, .. }) if amqp::is_not_found(&source) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Closes the connection.
+    pub(crate) async fn close(self) {
+        let closing = self.connection.close(200, "done".into());
+        let _ = amqp::bounded("connection.close", self.timeout, closing).await;
+    }
+}

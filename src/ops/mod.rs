@@ -1,0 +1,37 @@
+//! Operator tooling, feature `service`: what `order-expiry status`, `parked`
+//! and `ladder migrate` do, over AMQP and SQL only (no management plugin).
+//!
+//! - [`admin`]: one bounded admin connection: passive queue declares that
+//!   survive a missing queue, a confirm-mode channel.
+//! - [`status`]: [`Status`]: the ladder, due, parked, outbox and overdue orders
+//!   in one look; its text and its stable JSON.
+
+mod admin;
+mod status;
+
+pub use self::admin::{OpsError, QueueState};
+pub use self::status::{
+    DueStatus, LevelStatus, OrdersStatus, OutboxStatus, ParkedStatus, STATUS_VERSION, Status,
+};
+
+use chrono::{DateTime, Utc};
+use lapin::BasicProperties;
+use lapin::types::AMQPValue;
+
+/// When a parked message was parked: its `x-parked-at` header (RFC 3339), else
+/// its `timestamp` property.
+pub(crate) fn parked_at(properties: &BasicProperties) -> Option<DateTime<Utc>> {
+    let header = properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get("x-parked-at").cloned());
+    let from_header = match header {
+        Some(AMQPValue::LongString(s)) => DateTime::parse_from_rfc3339(&s.to_string()).ok(),
+        _ => None,
+    };
+    from_header.map(|at| at.with_timezone(&Utc)).or_else(|| {
+        properties
+            .timestamp()
+            .and_then(|t| DateTime::from_timestamp(i64::try_from(t).ok()?, 0))
+    })
+}
