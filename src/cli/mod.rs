@@ -6,10 +6,12 @@
 //! - [`topology`]: `topology apply` and `topology export`.
 //! - [`migrate`]: the default orders table.
 //! - [`demo`]: the end-to-end demo.
+//! - [`parked`]: list, replay and purge the parked queue.
 //! - [`status`]: one look at the ladder, due, parked, outbox and overdue orders.
 
 mod demo;
 mod migrate;
+mod parked;
 mod schedule;
 mod serve;
 mod status;
@@ -71,6 +73,9 @@ pub(crate) enum Command {
     Demo(demo::DemoArgs),
     /// One look at the whole system; exit 2 when unhealthy.
     Status(status::StatusArgs),
+    /// List, replay or purge the parked queue.
+    #[command(subcommand)]
+    Parked(parked::ParkedCommand),
 }
 
 impl Command {
@@ -90,6 +95,7 @@ pub(crate) async fn run(command: Command, settings: Settings) -> anyhow::Result<
         Command::Migrate => migrate::run(&settings).await,
         Command::Demo(args) => demo::run(&args, &settings).await,
         Command::Status(args) => return status::run(&args, &settings).await,
+        Command::Parked(command) => parked::run(command, &settings).await,
     }?;
     Ok(ExitCode::SUCCESS)
 }

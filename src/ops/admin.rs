@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use lapin::options::QueueDeclareOptions;
+use lapin::options::{ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use thiserror::Error;
@@ -38,6 +38,14 @@ pub enum OpsError {
         /// Nack, unroutable or no confirm.
         reason: String,
     },
+    /// A queue the command works on does not exist.
+    #[error("queue {0} does not exist (order-expiry topology apply creates it)")]
+    Missing(String),
+    /// The channel did not take the ack of a message already published to
+    /// its new place: the broker will deliver the original again (a
+    /// duplicate, handled idempotently, never a loss).
+    #[error("the ack of a moved message was not taken; the original comes back as a duplicate")]
+    AckRefused,
 }
 
 /// What a passive declare tells about a queue.
@@ -83,6 +91,14 @@ impl Admin {
     pub(crate) async fn own_channel(&self) -> Result<Channel, OpsError> {
         let opening = self.connection.create_channel();
         Ok(amqp::bounded("channel.open", self.timeout, opening).await?)
+    }
+
+    /// A new channel in confirm mode.
+    pub(crate) async fn confirm_channel(&self) -> Result<Channel, OpsError> {
+        let channel = self.own_channel().await?;
+        let selecting = channel.confirm_select(ConfirmSelectOptions::default());
+        amqp::bounded("confirm.select", self.timeout, selecting).await?;
+        Ok(channel)
     }
 
     /// Ready messages and consumers of `queue`; `None` when it does not exist.

@@ -1,5 +1,5 @@
 //! Operator commands as an operator runs them, against the real broker and
-//! database: `status [--json]`.
+//! database: `status [--json]`, `parked list|replay|purge`.
 
 use std::process::Output;
 use std::time::Duration;
@@ -143,5 +143,234 @@ async fn status_without_a_broker_says_so_on_one_line() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(!stderr.contains("secret"), "{stderr}");
     assert!(out.stdout.is_empty());
+    env.cleanup().await;
+}
+
+/// Publishes `body` to the parked exchange with the headers the consumer
+/// writes when it parks a message that came out of the ladder (`x-death`
+/// included), and waits for the confirm.
+async fn park(env: &World, body: &[u8], reason: &str) {
+    use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+    use lapin::types::{AMQPValue, FieldArray, FieldTable};
+    let channel = env.open_channel().await;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let text = |s: &str| AMQPValue::LongString(s.into());
+    let mut death = FieldTable::default();
+    death.insert("queue".into(), text(&env.ladder().level_name(0)));
+    death.insert("reason".into(), text("expired"));
+    death.insert("count".into(), AMQPValue::LongLongInt(1));
+    let mut headers = FieldTable::default();
+    headers.insert(
+        "x-death".into(),
+        AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::FieldTable(death)])),
+    );
+    headers.insert("x-first-death-reason".into(), text("expired"));
+    headers.insert("x-parked-reason".into(), text(reason));
+    headers.insert(
+        "x-parked-at".into(),
+        text(&(Utc::now() - TimeDelta::minutes(3)).to_rfc3339()),
+    );
+    headers.insert("x-original-routing-key".into(), text("0.0.0.0.0.1"));
+    let properties = BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_delivery_mode(2)
+        .with_headers(headers);
+    let confirm = channel
+        .basic_publish(
+            env.ladder().parked_exchange().as_str().into(),
+            "".into(),
+            BasicPublishOptions::default(),
+            body,
+            properties,
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(confirm, lapin::Confirmation::Ack(None));
+    let _ = channel.close(200, "parked".into()).await;
+}
+
+fn stdout(out: &Output) -> String {
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// Three parked messages: one overdue order, one due in 4 s, one malformed.
+async fn three_parked(env: &World) -> (String, String) {
+    let now = Utc::now();
+    let past = testkit_message("p-past", now - TimeDelta::seconds(60));
+    let future_due = now + TimeDelta::seconds(4);
+    let future = testkit_message("p-future", future_due);
+    env.create_orders(&[
+        ("p-past".into(), now - TimeDelta::seconds(60)),
+        ("p-future".into(), future_due),
+    ])
+    .await;
+    park(env, &past, "SQLSTATE 23514: check constraint").await;
+    park(
+        env,
+        &future,
+        "payment check still pending after the last step",
+    )
+    .await;
+    park(
+        env,
+        b"{\"v\": 1, \"due_at\": 5}",
+        "missing field \"order_id\"",
+    )
+    .await;
+    (
+        String::from_utf8(past).unwrap(),
+        String::from_utf8(future).unwrap(),
+    )
+}
+
+fn testkit_message(id: &str, due_at: chrono::DateTime<Utc>) -> Vec<u8> {
+    order_expiry_testkit::message(id, due_at).encode()
+}
+
+/// `list` shows each message and leaves it parked; `replay --order-id` and
+/// `--reason` move only what they select, without the `x-death` and parking
+/// headers; an overdue one goes straight to the due queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_list_and_selective_replay_strip_the_dead_letter_headers() {
+    let env = World::new().await;
+    let (past_body, _) = three_parked(&env).await;
+    let parked_queue = env.ladder().parked_queue();
+
+    let listed = stdout(&cli(&env, &["parked", "list"], &[]).await);
+    assert!(listed.starts_with("3 parked messages\n"), "{listed}");
+    assert!(
+        listed.contains("order p-past  reason: SQLSTATE 23514"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("order p-future  reason: payment check"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("order -  reason: missing field"),
+        "{listed}"
+    );
+    assert!(listed.contains("body: {\\\"v\\\": 1"), "{listed}");
+    assert_eq!(env.depth(&parked_queue).await, 3, "list leaves them parked");
+
+    let out = stdout(&cli(&env, &["parked", "replay", "--order-id", "p-past"], &[]).await);
+    assert!(
+        out.starts_with("replayed 1: 1 to the due exchange"),
+        "{out}"
+    );
+    assert!(out.contains("2 not selected"), "{out}");
+    let due = env
+        .get(&env.ladder().due_queue())
+        .await
+        .expect("replayed to due");
+    assert_eq!(String::from_utf8_lossy(&due.delivery.data), past_body);
+    let headers = due
+        .delivery
+        .properties
+        .headers()
+        .clone()
+        .unwrap_or_default();
+    let names: Vec<String> = headers.inner().keys().map(|k| k.to_string()).collect();
+    // (x-delivery-count, if any, is the due queue's own.)
+    let stale = [
+        "x-death",
+        "x-first-death",
+        "x-last-death",
+        "x-parked",
+        "x-original",
+    ];
+    assert!(
+        names
+            .iter()
+            .all(|n| !stale.iter().any(|s| n.starts_with(s))),
+        "no x-death or parking headers: {names:?}"
+    );
+
+    let out = stdout(
+        &cli(
+            &env,
+            &["parked", "replay", "--reason", "still pending"],
+            &[],
+        )
+        .await,
+    );
+    assert!(
+        out.contains("0 to the due exchange (due time passed), 1 through the ladder"),
+        "{out}"
+    );
+    assert_eq!(env.depth(&parked_queue).await, 1);
+    let ladder_total: u32 = {
+        let mut n = 0;
+        for level in 0..env.ladder().levels() {
+            n += env.depth(&env.ladder().level_name(level)).await;
+        }
+        n
+    };
+    assert_eq!(ladder_total, 1, "p-future waits in the ladder");
+    env.cleanup().await;
+}
+
+/// `replay --all` with the consumer running: the overdue order is cancelled at
+/// once, the other not before its deadline, and the malformed message stays
+/// parked with its reason however often it is replayed (no loop).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_replay_all_cancels_on_time_and_leaves_the_malformed_parked() {
+    let env = World::new().await;
+    three_parked(&env).await;
+    let mut consumer = env.start_consumer();
+    let out = stdout(&cli(&env, &["parked", "replay", "--all"], &[]).await);
+    assert!(out.starts_with("replayed 2: 1 to the due exchange (due time passed), 1 through the ladder; 1 still malformed"), "{out}");
+    assert!(out.contains("left parked: {\\\"v\\\": 1"), "{out}");
+    consumer.next_n(2, Duration::from_secs(30)).await;
+    for id in ["p-past", "p-future"] {
+        let (status, deadline, cancelled_at) = env.order(id).await;
+        assert_eq!(status, "cancelled", "{id}");
+        assert!(cancelled_at.unwrap() >= deadline, "{id} not early");
+    }
+    for _ in 0..2 {
+        let out = stdout(&cli(&env, &["parked", "replay", "--all"], &[]).await);
+        assert!(out.starts_with("replayed 0:"), "{out}");
+        assert!(out.contains("1 still malformed"), "{out}");
+    }
+    consumer.expect_quiet(Duration::from_secs(1)).await;
+    let parked_queue = env.ladder().parked_queue();
+    assert_eq!(env.depth(&parked_queue).await, 1);
+    let listed = stdout(&cli(&env, &["parked", "list"], &[]).await);
+    assert!(
+        listed.contains("reason: missing field \"order_id\""),
+        "{listed}"
+    );
+    consumer.stop().await;
+    env.cleanup().await;
+}
+
+/// `purge` deletes nothing without `--yes`, everything with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_purge_needs_yes() {
+    let env = World::new().await;
+    three_parked(&env).await;
+    let parked_queue = env.ladder().parked_queue();
+    let out = cli(&env, &["parked", "purge"], &[]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("purge deletes 3 parked messages for good; add --yes"),
+        "{stderr}"
+    );
+    assert_eq!(env.depth(&parked_queue).await, 3);
+    let out = stdout(&cli(&env, &["parked", "purge", "--yes"], &[]).await);
+    assert_eq!(out.trim(), "purged 3 parked messages");
+    assert_eq!(env.depth(&parked_queue).await, 0);
     env.cleanup().await;
 }

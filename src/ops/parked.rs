@@ -1,0 +1,245 @@
+//! `order-expiry parked list|replay|purge`: what is in `P.parked`, re-driving
+//! what can now be processed, and emptying it.
+//!
+//! Every message is fetched unacked on one channel; what is not acked (not
+//! selected, still malformed) goes back to the queue when that channel closes.
+//! A replayed message is published afresh and confirmed before its parked
+//! copy is acked ([`Republisher`]).
+
+use chrono::{DateTime, Utc};
+use lapin::Channel;
+use lapin::message::BasicGetMessage;
+use lapin::options::{BasicGetOptions, QueuePurgeOptions};
+use lapin::types::AMQPValue;
+
+use super::admin::{Admin, OpsError};
+use super::republish::Republisher;
+use crate::amqp;
+use crate::settings::Settings;
+use crate::topology::Route;
+
+/// One parked message, as `parked list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParkedMessage {
+    /// `order_id` from the body, when the body has one.
+    pub order_id: Option<String>,
+    /// Its `x-parked-reason`.
+    pub reason: Option<String>,
+    /// When it was parked (`x-parked-at`, else its timestamp).
+    pub parked_at: Option<DateTime<Utc>>,
+    /// The first 120 characters of the body, lossy UTF-8, control characters
+    /// escaped.
+    pub excerpt: String,
+}
+
+/// Which parked messages `parked replay` re-drives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplaySelection {
+    /// Every one.
+    All,
+    /// Those whose `x-parked-reason` contains this text.
+    Reason(String),
+    /// Those whose body's `order_id` is this.
+    OrderId(String),
+}
+
+/// What `parked replay` did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplayReport {
+    /// Sent to the due exchange: their due time had passed.
+    pub to_due: usize,
+    /// Sent through the ladder for the time left.
+    pub to_ladder: usize,
+    /// Selected, but still not a message the consumer can process: left
+    /// parked with their reason (order id or excerpt, why).
+    pub still_malformed: Vec<(String, String)>,
+    /// Not selected: left parked.
+    pub not_selected: usize,
+}
+
+/// The parked queue of `settings`, fetched over one admin connection.
+pub struct Parked {
+    admin: Admin,
+    queue: String,
+    settings: Settings,
+}
+
+impl std::fmt::Debug for Parked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Parked")
+            .field("queue", &self.queue)
+            .finish()
+    }
+}
+
+impl Parked {
+    /// Connects to the broker of `settings`.
+    pub async fn open(settings: &Settings) -> Result<Self, OpsError> {
+        let ladder = settings.ladder()?;
+        let admin = Admin::open(settings, "order-expiry parked").await?;
+        Ok(Self {
+            admin,
+            queue: ladder.parked_queue(),
+            settings: settings.clone(),
+        })
+    }
+
+    /// Messages in the queue now; an error when it does not exist.
+    pub async fn depth(&mut self) -> Result<u32, OpsError> {
+        match self.admin.queue(&self.queue).await? {
+            Some(state) => Ok(state.messages),
+            None => Err(OpsError::Missing(self.queue.clone())),
+        }
+    }
+
+    /// Up to `limit` messages, oldest first; they all stay parked.
+    pub async fn list(&mut self, limit: u32) -> Result<Vec<ParkedMessage>, OpsError> {
+        let depth = self.depth().await?.min(limit);
+        let channel = self.admin.own_channel().await?;
+        let fetched = self.fetch(&channel, depth).await;
+        self.release(channel).await;
+        Ok(fetched?.iter().map(describe).collect())
+    }
+
+    /// Re-drives the `selection` (see the module docs).
+    pub async fn replay(&mut self, selection: &ReplaySelection) -> Result<ReplayReport, OpsError> {
+        let depth = self.depth().await?;
+        let channel = self.admin.own_channel().await?;
+        let result = self.replay_on(&channel, depth, selection).await;
+        self.release(channel).await;
+        result
+    }
+
+    async fn replay_on(
+        &self,
+        channel: &Channel,
+        depth: u32,
+        selection: &ReplaySelection,
+    ) -> Result<ReplayReport, OpsError> {
+        let republisher = Republisher {
+            confirm: self.admin.confirm_channel().await?,
+            ladder: self.settings.ladder()?,
+            lead: self.settings.publisher.lead,
+            max_body_bytes: self.settings.consumer.max_body_bytes,
+            timeout: self.admin.timeout,
+        };
+        let mut report = ReplayReport::default();
+        for _ in 0..depth {
+            let Some(got) = self.get(channel).await? else {
+                break;
+            };
+            let seen = describe(&got);
+            let selected = match selection {
+                ReplaySelection::All => true,
+                ReplaySelection::Reason(text) => seen
+                    .reason
+                    .as_deref()
+                    .is_some_and(|r| r.contains(text.as_str())),
+                ReplaySelection::OrderId(id) => seen.order_id.as_deref() == Some(id.as_str()),
+            };
+            if !selected {
+                report.not_selected += 1;
+                continue;
+            }
+            match republisher.decode(&got) {
+                Err(malformed) => {
+                    let who = seen.order_id.unwrap_or(seen.excerpt);
+                    report.still_malformed.push((who, malformed.to_string()));
+                }
+                Ok(message) => {
+                    let route: Route = republisher.move_one(&got, &message).await?;
+                    match route.exchange == republisher.ladder.due_exchange() {
+                        true => report.to_due += 1,
+                        false => report.to_ladder += 1,
+                    }
+                }
+            }
+        }
+        let _ = amqp::bounded(
+            "channel.close",
+            self.admin.timeout,
+            republisher.confirm.close(200, "replayed".into()),
+        )
+        .await;
+        Ok(report)
+    }
+
+    /// Deletes every parked message; how many there were.
+    pub async fn purge(&mut self) -> Result<u32, OpsError> {
+        self.depth().await?;
+        let channel = self.admin.channel().await?;
+        let purging = channel.queue_purge(self.queue.as_str().into(), QueuePurgeOptions::default());
+        Ok(amqp::bounded(
+            format!("purging {}", self.queue),
+            self.admin.timeout,
+            purging,
+        )
+        .await?)
+    }
+
+    /// Closes the connection.
+    pub async fn close(self) {
+        self.admin.close().await;
+    }
+
+    async fn fetch(&self, channel: &Channel, n: u32) -> Result<Vec<BasicGetMessage>, OpsError> {
+        let mut fetched = Vec::new();
+        for _ in 0..n {
+            match self.get(channel).await? {
+                Some(got) => fetched.push(got),
+                None => break,
+            }
+        }
+        Ok(fetched)
+    }
+
+    async fn get(&self, channel: &Channel) -> Result<Option<BasicGetMessage>, OpsError> {
+        let getting = channel.basic_get(
+            self.queue.as_str().into(),
+            BasicGetOptions { no_ack: false },
+        );
+        Ok(amqp::bounded(
+            format!("basic.get {}", self.queue),
+            self.admin.timeout,
+            getting,
+        )
+        .await?)
+    }
+
+    /// Closes `channel`: what it fetched and did not ack goes back to the queue.
+    async fn release(&self, channel: Channel) {
+        let closing = channel.close(200, "released".into());
+        let _ = amqp::bounded("channel.close", self.admin.timeout, closing).await;
+    }
+}
+
+/// What `parked list` shows of a fetched message.
+fn describe(got: &BasicGetMessage) -> ParkedMessage {
+    let properties = &got.delivery.properties;
+    let reason =
+        properties
+            .headers()
+            .as_ref()
+            .and_then(|h| match h.inner().get("x-parked-reason") {
+                Some(AMQPValue::LongString(s)) => Some(s.to_string()),
+                _ => None,
+            });
+    let order_id = serde_json::from_slice::<serde_json::Value>(&got.delivery.data)
+        .ok()
+        .and_then(|v| {
+            v.get("order_id")
+                .and_then(|id| id.as_str().map(str::to_owned))
+        });
+    let text = String::from_utf8_lossy(&got.delivery.data);
+    let excerpt: String = text
+        .chars()
+        .take(120)
+        .flat_map(char::escape_debug)
+        .collect();
+    ParkedMessage {
+        order_id,
+        reason,
+        parked_at: super::parked_at(properties),
+        excerpt,
+    }
+}
