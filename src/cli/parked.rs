@@ -66,15 +66,15 @@ pub(super) async fn run(command: ParkedCommand, settings: &Settings) -> anyhow::
 }
 
 async fn list(parked: &mut Parked, limit: u32) -> anyhow::Result<()> {
-    let depth = parked.depth().await?;
     let messages = parked.list(limit).await?;
-    println!(
-        "{depth} parked messages{}",
-        match depth > limit {
-            true => format!(", the oldest {limit} shown"),
-            false => String::new(),
-        }
-    );
+    let shown = u32::try_from(messages.len()).unwrap_or(u32::MAX);
+    match shown < limit {
+        true => println!("{shown} parked messages"),
+        false => println!(
+            "{} parked messages, the oldest {limit} shown",
+            parked.depth().await?
+        ),
+    }
     for m in messages {
         let at = m.parked_at.map_or("-".to_owned(), |at| {
             at.to_rfc3339_opts(SecondsFormat::Secs, true)

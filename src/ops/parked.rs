@@ -94,18 +94,20 @@ impl Parked {
 
     /// Up to `limit` messages, oldest first; they all stay parked.
     pub async fn list(&mut self, limit: u32) -> Result<Vec<ParkedMessage>, OpsError> {
-        let depth = self.depth().await?.min(limit);
+        self.depth().await?;
         let channel = self.admin.own_channel().await?;
-        let fetched = self.fetch(&channel, depth).await;
+        let fetched = self.fetch(&channel, limit).await;
         self.release(channel).await;
         Ok(fetched?.iter().map(describe).collect())
     }
 
-    /// Re-drives the `selection` (see the module docs).
+    /// Re-drives the `selection` (see the module docs). Every message is
+    /// fetched until the queue has no more ready ones (not up to a count: the
+    /// count a passive declare gives lags behind messages just returned).
     pub async fn replay(&mut self, selection: &ReplaySelection) -> Result<ReplayReport, OpsError> {
-        let depth = self.depth().await?;
+        self.depth().await?;
         let channel = self.admin.own_channel().await?;
-        let result = self.replay_on(&channel, depth, selection).await;
+        let result = self.replay_on(&channel, selection).await;
         self.release(channel).await;
         result
     }
@@ -113,7 +115,6 @@ impl Parked {
     async fn replay_on(
         &self,
         channel: &Channel,
-        depth: u32,
         selection: &ReplaySelection,
     ) -> Result<ReplayReport, OpsError> {
         let republisher = Republisher {
@@ -124,10 +125,7 @@ impl Parked {
             timeout: self.admin.timeout,
         };
         let mut report = ReplayReport::default();
-        for _ in 0..depth {
-            let Some(got) = self.get(channel).await? else {
-                break;
-            };
+        while let Some(got) = self.get(channel).await? {
             let seen = describe(&got);
             let selected = match selection {
                 ReplaySelection::All => true,

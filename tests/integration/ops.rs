@@ -111,7 +111,7 @@ async fn status_shows_every_part_and_exits_non_zero_when_unhealthy() {
     assert_eq!(s["orders"]["beyond_margin"], 0);
     assert_eq!(s["healthy"], true);
     // Looking at the parked head returned it: it is still there.
-    assert_eq!(env.depth(&env.ladder().parked_queue()).await, 1);
+    assert_depth(&env, &env.ladder().parked_queue(), 1).await;
 
     // The text form says the same.
     let out = cli(&env, &["status", "--margin", "60s"], &[]).await;
@@ -194,6 +194,23 @@ async fn park(env: &World, body: &[u8], reason: &str) {
     let _ = channel.close(200, "parked".into()).await;
 }
 
+/// Waits up to 10 s for `queue` to hold `n` ready messages: a quorum queue
+/// counts the messages a closed channel returned a moment later.
+async fn assert_depth(env: &World, queue: &str, n: u32) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let depth = env.depth(queue).await;
+        if depth == n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{queue} holds {depth}, not {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn stdout(out: &Output) -> String {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
@@ -262,7 +279,7 @@ async fn parked_list_and_selective_replay_strip_the_dead_letter_headers() {
         "{listed}"
     );
     assert!(listed.contains("body: {\\\"v\\\": 1"), "{listed}");
-    assert_eq!(env.depth(&parked_queue).await, 3, "list leaves them parked");
+    assert_depth(&env, &parked_queue, 3).await;
 
     let out = stdout(&cli(&env, &["parked", "replay", "--order-id", "p-past"], &[]).await);
     assert!(
@@ -309,7 +326,7 @@ async fn parked_list_and_selective_replay_strip_the_dead_letter_headers() {
         out.contains("0 to the due exchange (due time passed), 1 through the ladder"),
         "{out}"
     );
-    assert_eq!(env.depth(&parked_queue).await, 1);
+    assert_depth(&env, &parked_queue, 1).await;
     let ladder_total: u32 = {
         let mut n = 0;
         for level in 0..env.ladder().levels() {
@@ -345,7 +362,7 @@ async fn parked_replay_all_cancels_on_time_and_leaves_the_malformed_parked() {
     }
     consumer.expect_quiet(Duration::from_secs(1)).await;
     let parked_queue = env.ladder().parked_queue();
-    assert_eq!(env.depth(&parked_queue).await, 1);
+    assert_depth(&env, &parked_queue, 1).await;
     let listed = stdout(&cli(&env, &["parked", "list"], &[]).await);
     assert!(
         listed.contains("reason: missing field \"order_id\""),
@@ -368,9 +385,9 @@ async fn parked_purge_needs_yes() {
         stderr.contains("purge deletes 3 parked messages for good; add --yes"),
         "{stderr}"
     );
-    assert_eq!(env.depth(&parked_queue).await, 3);
+    assert_depth(&env, &parked_queue, 3).await;
     let out = stdout(&cli(&env, &["parked", "purge", "--yes"], &[]).await);
     assert_eq!(out.trim(), "purged 3 parked messages");
-    assert_eq!(env.depth(&parked_queue).await, 0);
+    assert_depth(&env, &parked_queue, 0).await;
     env.cleanup().await;
 }
