@@ -12,6 +12,7 @@ CREATE TABLE IF NOT EXISTS orders (
   paid_at      timestamptz,
   cancelled_at timestamptz
 );
+CREATE INDEX IF NOT EXISTS orders_unpaid_pay_deadline ON orders (pay_deadline) WHERE status = 'unpaid';
 CREATE TABLE IF NOT EXISTS order_expiry_outbox (
   id         bigserial PRIMARY KEY,
   order_id   text NOT NULL,

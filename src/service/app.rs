@@ -15,6 +15,7 @@ use super::consumer::{Consumer, ConsumerError};
 use super::http::{self, DbCheck, Readiness};
 use super::orders::{OrderStore, PgOrderStore, StoreError};
 use super::outbox::{Relay, RelayError};
+use super::overdue::OverdueWatch;
 use super::sweeper::Sweeper;
 use crate::settings::{InvalidSetting, Settings};
 use crate::telemetry::metrics_handle;
@@ -52,6 +53,7 @@ pub enum ServiceError {
 pub struct Service {
     consumer: Consumer<ConfiguredAction>,
     sweeper: Option<Sweeper<PgOrderStore>>,
+    overdue: Option<OverdueWatch<PgOrderStore>>,
     relay: Option<Relay>,
     listener: TcpListener,
     router: axum::Router,
@@ -80,6 +82,9 @@ impl Service {
             (Some(store), true) => Some(Sweeper::new(&settings.sweeper, Arc::clone(store))),
             _ => None,
         };
+        let overdue = store
+            .as_ref()
+            .map(|store| OverdueWatch::new(&settings.overdue, Arc::clone(store)));
         // The relay reads database.url whatever the action: an order service
         // that expires its orders itself (http, amqp) may keep its outbox there.
         let relay = match settings.outbox.enabled {
@@ -110,6 +115,7 @@ impl Service {
         Ok(Self {
             consumer,
             sweeper,
+            overdue,
             relay,
             listener,
             router,
@@ -146,8 +152,14 @@ impl Service {
             .sweeper
             .map(|s| tokio::spawn(s.run(sweep_stop.clone())));
         let relay = self.relay.map(|r| tokio::spawn(r.run(sweep_stop.clone())));
+        let overdue = self
+            .overdue
+            .map(|w| tokio::spawn(w.run(sweep_stop.clone())));
         self.consumer.run(shutdown).await;
         sweep_stop.cancel();
+        if let Some(overdue) = overdue {
+            let _ = overdue.await;
+        }
         if let Some(sweeper) = sweeper {
             let _ = sweeper.await;
         }

@@ -5,7 +5,8 @@
 //!   and the optional payment check before it.
 //! - [`consumer`]: the delivery loop: hold until due, batch, ack / park / retry.
 //! - [`orders`]: the [`OrderStore`] trait and its PostgreSQL implementation.
-//! - [`sweeper`]: safety net: periodically cancels unpaid orders long overdue.
+//! - [`sweeper`]: safety net: every second, cancels unpaid orders a few seconds overdue.
+//! - [`overdue`]: the gauge of unpaid orders past their deadline by more than a margin.
 //! - [`outbox`]: the transactional outbox relay: `order_expiry_outbox` to the ladder.
 //! - [`http`]: `/healthz`, `/readyz`, `/metrics`.
 //! - [`backoff`]: exponential backoff for reconnects and retries.
@@ -26,6 +27,7 @@ mod consumer;
 mod http;
 mod orders;
 mod outbox;
+mod overdue;
 mod shutdown;
 mod sweeper;
 

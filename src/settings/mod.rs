@@ -51,6 +51,8 @@ pub struct Settings {
     pub database: DatabaseSettings,
     /// The safety-net sweep of overdue unpaid orders.
     pub sweeper: SweeperSettings,
+    /// The `order_expiry_overdue_unpaid` gauge.
+    pub overdue: OverdueSettings,
     /// The transactional outbox relay (`order_expiry_outbox` to the ladder).
     pub outbox: OutboxSettings,
     /// Health and metrics endpoint.
@@ -214,6 +216,22 @@ pub struct SweeperSettings {
     pub sweep_sql: String,
 }
 
+/// The gauge of unpaid orders past their deadline by more than a margin: the
+/// signal that catches a stall whatever its cause (a ladder level held back by
+/// the broker, no consumer, the sweeper off).
+#[derive(Debug, Clone, Deserialize)]
+pub struct OverdueSettings {
+    /// How far past `pay_deadline` an unpaid order counts (`margin_ms`).
+    #[serde(rename = "margin_ms", with = "millis")]
+    pub margin: Duration,
+    /// How often the database is asked (`interval_ms`).
+    #[serde(rename = "interval_ms", with = "millis")]
+    pub interval: Duration,
+    /// Counts the unpaid orders more than `$1` seconds (float8) past their
+    /// deadline: one bigint column.
+    pub count_sql: String,
+}
+
 /// The outbox relay `serve` runs: rows an order service inserted into
 /// `order_expiry_outbox` in its own transaction are published through the
 /// ladder with confirms, then deleted.
@@ -348,10 +366,11 @@ mod tests {
         assert_eq!(s.amqp.timeout, Duration::from_secs(10));
         assert!(s.sweeper.enabled);
         assert!(s.outbox.enabled, "serve relays the outbox by default");
-        assert!(
-            s.sweeper.grace >= Duration::from_secs(60),
-            "the ladder gets time first"
-        );
+        // The ladder gets its 300 ms lead and a few ms of work first; the
+        // sweeper bounds a stalled level at grace + interval (README, Reliability).
+        assert!(s.sweeper.grace >= Duration::from_secs(1));
+        assert!(s.sweeper.grace + s.sweeper.interval <= Duration::from_secs(5));
+        assert_eq!(s.overdue.margin, Duration::from_secs(10));
         assert!(
             s.sweeper
                 .sweep_sql

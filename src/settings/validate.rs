@@ -227,7 +227,9 @@ impl Settings {
         }
         nonzero("sweeper.interval_ms", s.interval)?;
         positive("sweeper.batch_max", u64::from(s.batch_max))?;
-        statement("sweeper.sweep_sql", &s.sweep_sql)
+        statement("sweeper.sweep_sql", &s.sweep_sql)?;
+        nonzero("overdue.interval_ms", self.overdue.interval)?;
+        statement("overdue.count_sql", &self.overdue.count_sql)
     }
 
     /// `[action]`: what the chosen action and the payment check need.

@@ -106,6 +106,11 @@ pub(crate) const SWEEP_ERRORS_TOTAL: Metric = metric(
     Kind::Counter,
     "Sweeps that failed (database errors).",
 );
+pub(crate) const OVERDUE_UNPAID: Metric = metric(
+    "order_expiry_overdue_unpaid",
+    Kind::Gauge,
+    "Unpaid orders more than overdue.margin_ms past their pay_deadline, counted in the database every overdue.interval_ms (action.kind = sql only; -1 until the first count).",
+);
 pub(crate) const SCHEDULE_TOTAL: Metric = Metric {
     labels: &["result"],
     ..metric(
@@ -154,6 +159,7 @@ pub(crate) const CATALOG: &[Metric] = &[
     CONSUMING,
     SWEPT_TOTAL,
     SWEEP_ERRORS_TOTAL,
+    OVERDUE_UNPAID,
     OUTBOX_PENDING,
     OUTBOX_OLDEST_SECONDS,
     OUTBOX_LAG_SECONDS,

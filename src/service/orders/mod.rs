@@ -125,6 +125,13 @@ pub trait OrderStore: Send + Sync + 'static {
         limit: u32,
     ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
 
+    /// How many unpaid orders are more than `margin` past their deadline (the
+    /// `order_expiry_overdue_unpaid` gauge).
+    fn count_overdue(
+        &self,
+        margin: Duration,
+    ) -> impl Future<Output = Result<i64, StoreError>> + Send;
+
     /// Whether the database answers now (for `/readyz`).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 }

@@ -21,7 +21,10 @@ use crate::publisher::ExpiryMessage;
 use crate::service::outbox::OUTBOX_SCHEMA_SQL;
 use crate::settings::{DatabaseSettings, Settings, redact_url, scrub_url};
 
-/// The default table, as in the public contract. `migrate` runs it.
+/// The default table, as in the public contract, and the partial index the
+/// sweeper and the overdue gauge read (only unpaid orders are in it, so a sweep
+/// every second reads the few that are overdue, not the whole table). `migrate`
+/// runs it.
 pub(crate) const SCHEMA_SQL: &str = "CREATE TABLE IF NOT EXISTS orders (
   id           text PRIMARY KEY,
   status       text NOT NULL DEFAULT 'unpaid' CHECK (status IN ('unpaid','paid','cancelled')),
@@ -29,7 +32,8 @@ pub(crate) const SCHEMA_SQL: &str = "CREATE TABLE IF NOT EXISTS orders (
   pay_deadline timestamptz,
   paid_at      timestamptz,
   cancelled_at timestamptz
-)";
+);
+CREATE INDEX IF NOT EXISTS orders_unpaid_pay_deadline ON orders (pay_deadline) WHERE status = 'unpaid'";
 
 /// Everything `migrate` runs: the orders table, then the outbox.
 pub(crate) fn migration_sql() -> String {
@@ -43,6 +47,7 @@ pub struct PgOrderStore {
     cancel_sql: String,
     exists_sql: String,
     sweep_sql: String,
+    overdue_sql: String,
     /// Whether `cancel_sql` skips locked rows: then `exists_sql` must say which
     /// of the rest are still unpaid (its second column).
     skips_locked: bool,
@@ -67,6 +72,7 @@ impl PgOrderStore {
             cancel_sql: settings.database.cancel_sql.clone(),
             exists_sql: settings.database.exists_sql.clone(),
             sweep_sql: settings.sweeper.sweep_sql.clone(),
+            overdue_sql: settings.overdue.count_sql.clone(),
             skips_locked: skips_locked(&settings.database.cancel_sql),
             query_timeout: settings.database.query_timeout,
         })
@@ -157,6 +163,20 @@ impl OrderStore for PgOrderStore {
         let (grace, limit) = (grace.as_secs_f64(), i64::from(limit));
         let rows = db.query(&sweep, &[&grace, &limit]).await?;
         ids_of("sweeper.sweep_sql", &rows)
+    }
+
+    async fn count_overdue(&self, margin: Duration) -> Result<i64, StoreError> {
+        let mut db = self.checkout().await?;
+        let count = db.prepare("overdue.count_sql", &self.overdue_sql).await?;
+        let rows = db.query(&count, &[&margin.as_secs_f64()]).await?;
+        let shape = || StoreError::Shape {
+            setting: "overdue.count_sql",
+            problem: "must return one row with one bigint column (the count)".into(),
+        };
+        rows.first()
+            .ok_or_else(shape)?
+            .try_get(0)
+            .map_err(|_| shape())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -114,10 +114,14 @@ pub fn ensure_database_up() {
     }
 }
 
-/// Lines of the local RabbitMQ's log files that contain `needle` (0 when the
-/// logs cannot be read): evidence for a failure's story.
+/// Lines of the test broker's log files that contain `needle` (0 when the
+/// logs cannot be read): evidence for a failure's story. The logs are in
+/// `ORDER_EXPIRY_TEST_RABBITMQ_LOG_DIR` (scripts/test sets it for the 4.0 node),
+/// default `/var/log/rabbitmq`.
 pub fn broker_log_count(needle: &str) -> usize {
-    let Ok(dir) = std::fs::read_dir("/var/log/rabbitmq") else {
+    let dir = std::env::var("ORDER_EXPIRY_TEST_RABBITMQ_LOG_DIR")
+        .unwrap_or_else(|_| "/var/log/rabbitmq".into());
+    let Ok(dir) = std::fs::read_dir(dir) else {
         return 0;
     };
     dir.filter_map(|e| e.ok())
