@@ -12,16 +12,12 @@ async fn a_few_hundred_mixed_delays_are_never_early_and_p99_is_under_a_second() 
     // The test services, quick retries and a 6-level ladder; the benchmark
     // builds its own world (prefix and schema) on top of these settings.
     let env = World::builder().declare(false).build().await.unwrap();
-    let args = LatenessArgs {
-        rate: 60,
-        duration: Duration::from_secs(5),
-        min_delay: Duration::from_millis(500),
-        max_delay: Duration::from_secs(12),
-        pay_share: 0.2,
-        no_naive: true,
-        out_dir: std::env::temp_dir(),
-        quiet: true,
-    };
+    let args = LatenessArgs::steady(
+        60,
+        Duration::from_secs(5),
+        Duration::from_millis(500),
+        Duration::from_secs(12),
+    );
     let mut settings = env.settings.clone();
     // The benchmark's world makes its own schema in the database of these settings.
     settings.database.url = secrecy::SecretString::from(order_expiry_testkit::database_url(None));

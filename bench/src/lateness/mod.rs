@@ -6,6 +6,11 @@
 //! Orders are scheduled at a steady rate with uniformly drawn delays; a share of
 //! them is paid before due. The real consumer cancels the rest. Lateness is read
 //! from the database: `cancelled_at - pay_deadline` of every cancelled order.
+//!
+//! `--burst N` adds a flash sale on top of the steady stream: `N` more orders
+//! (`B-<i>`) scheduled within `--burst-over` (1 s), `--burst-at` into the run,
+//! through the same `Scheduler` from ten concurrent callers, with their own
+//! delays (1-15 s by default). Their lateness is a row of its own.
 
 mod naive;
 mod plot;
@@ -58,6 +63,43 @@ pub struct LatenessArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Orders of a flash sale scheduled on top of the steady stream (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub burst: usize,
+    /// When the flash sale starts, from the start of the steady stream.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub burst_at: Duration,
+    /// How long the flash sale's orders take to be placed.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub burst_over: Duration,
+    /// Shortest payment window of a flash-sale order.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub burst_min_delay: Duration,
+    /// Longest payment window of a flash-sale order.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub burst_max_delay: Duration,
+}
+
+impl LatenessArgs {
+    /// The steady stream only, no naive design, no progress bar: what tests
+    /// start from.
+    pub fn steady(rate: u32, duration: Duration, min_delay: Duration, max_delay: Duration) -> Self {
+        Self {
+            rate,
+            duration,
+            min_delay,
+            max_delay,
+            pay_share: 0.2,
+            no_naive: true,
+            out_dir: std::env::temp_dir(),
+            quiet: true,
+            burst: 0,
+            burst_at: Duration::from_secs(10),
+            burst_over: Duration::from_secs(1),
+            burst_min_delay: Duration::from_secs(1),
+            burst_max_delay: Duration::from_secs(15),
+        }
+    }
 }
 
 /// One order of the plan.
@@ -78,8 +120,9 @@ pub async fn run(settings: &Settings, args: &LatenessArgs) -> anyhow::Result<()>
     println!("wrote {} and {}", json.display(), svg.display());
     if report
         .rows
-        .first()
-        .is_some_and(|r| r.early > 0 || r.missed > 0)
+        .iter()
+        .filter(|r| r.design != "naive")
+        .any(|r| r.early > 0 || r.missed > 0)
     {
         anyhow::bail!("the ladder cancelled early or missed orders");
     }
@@ -118,21 +161,38 @@ async fn measure_in(
         let consumer = Consumer::new(s, Arc::clone(&world.store), Arc::new(Readiness::default()))?;
         consumers.push(tokio::spawn(consumer.run(stop.clone())));
     }
-    let progress = progress_bar(count, args.quiet);
+    let designs = if naive.is_some() { 2 } else { 1 };
+    let total = count * designs + args.burst;
+    let progress = progress_bar(total, args.quiet);
     let (pay_tx, pay_rx) = tokio::sync::mpsc::unbounded_channel();
     let payer = tokio::spawn(pay_orders(Arc::clone(&world.store), pay_rx));
-    let scheduled = schedule_all(
+    // One scheduler, as in one order service: the steady stream and the sale
+    // share its in-flight window.
+    let scheduler = Arc::new(Scheduler::from_settings(&world.settings)?);
+    scheduler.connect().await?;
+    let steady_plan = plan(count, args.min_delay, args.max_delay, args.pay_share);
+    let steady = schedule_all(
         world,
+        &scheduler,
         naive,
-        &plan(count, args),
+        &steady_plan,
         args.rate,
-        pay_tx,
+        pay_tx.clone(),
         &progress,
-    )
-    .await;
+    );
+    let burst_plan = plan(
+        args.burst,
+        args.burst_min_delay,
+        args.burst_max_delay,
+        args.pay_share,
+    );
+    let burst = schedule_burst(world, &scheduler, &burst_plan, args, pay_tx);
+    let (steady, burst) = tokio::join!(steady, burst);
+    scheduler.close().await;
+    let scheduled = steady.and(burst);
     if scheduled.is_ok() {
-        let designs = if naive.is_some() { 2 } else { 1 };
-        wait_settled(world, count * designs, args.max_delay, &progress).await?;
+        let longest = args.max_delay.max(args.burst_max_delay);
+        wait_settled(world, total, longest, &progress).await?;
     }
     progress.finish_and_clear();
     stop.cancel();
@@ -142,6 +202,9 @@ async fn measure_in(
     payer.abort();
     scheduled?;
     let mut rows = vec![Row::read(world, "ladder", "L-%", count).await?];
+    if args.burst > 0 {
+        rows.push(Row::read(world, "ladder, flash sale", "B-%", args.burst).await?);
+    }
     if naive.is_some() {
         rows.push(Row::read(world, "naive", "N-%", count).await?);
     }
@@ -153,6 +216,11 @@ async fn measure_in(
         max_delay_s: args.max_delay.as_secs_f64(),
         pay_share: args.pay_share,
         queue_type: world.settings.topology.queue_type.as_str().to_owned(),
+        burst: args.burst,
+        burst_over_s: args.burst_over.as_secs_f64(),
+        burst_min_delay_s: args.burst_min_delay.as_secs_f64(),
+        burst_max_delay_s: args.burst_max_delay.as_secs_f64(),
+        max_in_flight: world.settings.publisher.max_in_flight,
     })
 }
 
@@ -161,14 +229,13 @@ async fn measure_in(
 /// with the same due times; payments go to the payer.
 async fn schedule_all(
     world: &World,
+    scheduler: &Scheduler,
     naive: Option<&Settings>,
     plan: &[Planned],
     rate: u32,
     pay: UnboundedSender<(Duration, String)>,
     progress: &ProgressBar,
 ) -> anyhow::Result<()> {
-    let scheduler = Scheduler::from_settings(&world.settings)?;
-    scheduler.connect().await?;
     let naive_channel = world.open_channel().await;
     naive_channel
         .confirm_select(ConfirmSelectOptions::default())
@@ -187,7 +254,7 @@ async fn schedule_all(
         sent += n;
         result = schedule_batch(
             world,
-            &scheduler,
+            scheduler,
             naive.map(|s| (s, &naive_channel)),
             batch,
             &pay,
@@ -195,9 +262,57 @@ async fn schedule_all(
         .await;
         progress.set_message(format!("scheduled {sent}/{}", plan.len()));
     }
-    scheduler.close().await;
     let _ = naive_channel.close(200, "done".into()).await;
     result
+}
+
+/// The flash sale: `args.burst_at` after the start, the burst plan in ten
+/// slices over `args.burst_over`, each slice inserted and then scheduled by a
+/// caller of its own (`schedule_many` on the shared scheduler), as the
+/// checkouts of a sale would.
+async fn schedule_burst(
+    world: &World,
+    scheduler: &Arc<Scheduler>,
+    plan: &[Planned],
+    args: &LatenessArgs,
+    pay: UnboundedSender<(Duration, String)>,
+) -> anyhow::Result<()> {
+    if plan.is_empty() {
+        return Ok(());
+    }
+    const SLICES: usize = 10;
+    tokio::time::sleep(args.burst_at).await;
+    let mut tick = tokio::time::interval(args.burst_over / SLICES as u32);
+    let mut callers = Vec::new();
+    for slice in plan.chunks(plan.len().div_ceil(SLICES)) {
+        tick.tick().await;
+        let now = Utc::now();
+        let orders = slice
+            .iter()
+            .map(|p| {
+                Ok((
+                    format!("B-{}", p.index),
+                    now + TimeDelta::from_std(p.delay)?,
+                ))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        world.insert_orders(&orders).await?;
+        for p in slice {
+            if let Some(after) = p.pay_after {
+                let _ = pay.send((after, format!("B-{}", p.index)));
+            }
+        }
+        let scheduler = Arc::clone(scheduler);
+        callers.push(tokio::spawn(async move {
+            scheduler.schedule_many(orders).await
+        }));
+    }
+    for caller in callers {
+        for result in caller.await? {
+            result.context("scheduling the flash sale")?;
+        }
+    }
+    Ok(())
 }
 
 async fn schedule_batch(
@@ -265,15 +380,15 @@ async fn wait_settled(
     }
 }
 
-fn plan(count: usize, args: &LatenessArgs) -> Vec<Planned> {
+fn plan(count: usize, min: Duration, max: Duration, pay_share: f64) -> Vec<Planned> {
     let mut rng = rand::rng();
-    let min = args.min_delay.as_millis() as u64;
-    let max = (args.max_delay.as_millis() as u64).max(min);
+    let min = min.as_millis() as u64;
+    let max = (max.as_millis() as u64).max(min);
     (0..count)
         .map(|index| {
             let delay = Duration::from_millis(rng.random_range(min..=max));
             let pay_after = rng
-                .random_bool(args.pay_share.clamp(0.0, 1.0))
+                .random_bool(pay_share.clamp(0.0, 1.0))
                 .then(|| delay.mul_f64(rng.random_range(0.0..0.9)));
             Planned {
                 index,

@@ -18,10 +18,16 @@ pub(super) fn lateness_cdf(report: &Report, path: &Path) -> anyhow::Result<()> {
         * 1.5;
     let root = SVGBackend::new(path, (900, 520)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_error)?;
-    let caption = format!(
+    let mut caption = format!(
         "Lateness of cancels, {} orders/s, delays {:.0}-{:.0} s ({} holding queues)",
         report.rate, report.min_delay_s, report.max_delay_s, report.queue_type
     );
+    if report.burst > 0 {
+        caption.push_str(&format!(
+            ", + {} within {:.0} s",
+            report.burst, report.burst_over_s
+        ));
+    }
     let mut chart = ChartBuilder::on(&root)
         .caption(caption, ("sans-serif", 18))
         .margin(15)

@@ -53,6 +53,16 @@ pub struct Report {
     pub pay_share: f64,
     /// Holding queue type of the ladder.
     pub queue_type: String,
+    /// Flash-sale orders on top of the steady stream (0: none).
+    pub burst: usize,
+    /// How long the flash sale took to place, seconds.
+    pub burst_over_s: f64,
+    /// Flash-sale delay range, seconds.
+    pub burst_min_delay_s: f64,
+    /// Flash-sale delay range, seconds.
+    pub burst_max_delay_s: f64,
+    /// `publisher.max_in_flight` of the run.
+    pub max_in_flight: usize,
 }
 
 impl Row {
@@ -140,13 +150,23 @@ pub fn table(report: &Report) -> String {
         report.pay_share * 100.0,
         report.queue_type
     );
+    if report.burst > 0 {
+        out.push_str(&format!(
+            "flash sale: {} more orders placed within {:.1} s, delays {:.0}-{:.0} s; publisher.max_in_flight {}\n",
+            report.burst,
+            report.burst_over_s,
+            report.burst_min_delay_s,
+            report.burst_max_delay_s,
+            report.max_in_flight
+        ));
+    }
     out.push_str(&format!(
-        "{:<8} {:>7} {:>9} {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+        "{:<18} {:>7} {:>9} {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
         "design", "orders", "cancelled", "missed", "early", "p50", "p90", "p99", "p99.9", "max"
     ));
     for r in &report.rows {
         out.push_str(&format!(
-            "{:<8} {:>7} {:>9} {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+            "{:<18} {:>7} {:>9} {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
             r.design,
             r.orders,
             r.cancelled,
