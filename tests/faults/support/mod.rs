@@ -7,12 +7,15 @@
 //!   panics) brings the service back and waits until it answers.
 //! - [`Ledger`] / [`Figures`]: what the order service did, audited from the
 //!   database against the invariants.
+//! - [`ensure_ballast`]: the broker topology under which a restart stalls a level.
 
 mod audit;
+mod ballast;
 mod services;
 mod world;
 
 pub use audit::*;
+pub use ballast::*;
 pub use order_expiry_testkit::{ReadyWatch, at_ms};
 pub use services::*;
 pub use world::*;
