@@ -9,30 +9,31 @@
 //! policy change. With a handful of exchanges the window is a few milliseconds
 //! and the stall is rare; a broker with a realistic amount of topology (other
 //! applications' exchanges and bindings) recovers them for seconds and stalls
-//! most of the time. The ballast is such a broker: 5,000 topic exchanges,
-//! 20,000 bindings and 150 quorum queues in a vhost of its own, imported once
-//! per broker (about a minute) and deleted by `scripts/test` after the fault
-//! stage (`rabbitmqctl delete_vhost order-expiry-ballast`).
+//! most of the time. A node recovers one vhost at a time, exchanges, then
+//! queues, then bindings, so the ballast lives in the test vhost itself, beside
+//! the tests' ladders: 5,000 topic exchanges, 20,000 bindings and 150 quorum
+//! queues (`ballast.*`), imported once per broker (about a minute) and gone
+//! with the test vhost (`scripts/test` deletes it after the fault stage).
 
+use order_expiry_testkit::vhost;
 use serde_json::{Value, json};
 
 use super::run;
 
-/// The vhost the ballast lives in.
-pub const BALLAST_VHOST: &str = "order-expiry-ballast";
 const EXCHANGES: usize = 5000;
 const BINDINGS_PER_EXCHANGE: usize = 4;
 const QUEUES: usize = 150;
 
 /// Imports the ballast into the test broker unless it is there already.
 pub fn ensure_ballast() {
+    let vhost = vhost();
     let listing = run(
         "rabbitmqctl",
         &[
             "-q",
             "list_queues",
             "-p",
-            BALLAST_VHOST,
+            &vhost,
             "--no-table-headers",
             "name",
         ],
@@ -48,7 +49,7 @@ pub fn ensure_ballast() {
     }
     let file =
         std::env::temp_dir().join(format!("order-expiry-ballast-{}.json", std::process::id()));
-    std::fs::write(&file, definitions().to_string()).expect("write ballast definitions");
+    std::fs::write(&file, definitions(&vhost).to_string()).expect("write ballast definitions");
     let started = std::time::Instant::now();
     let imported = run(
         "rabbitmqctl",
@@ -61,14 +62,13 @@ pub fn ensure_ballast() {
     let _ = std::fs::remove_file(&file);
     imported.expect("import the ballast");
     eprintln!(
-        "ballast: {EXCHANGES} exchanges, {} bindings, {QUEUES} quorum queues in {BALLAST_VHOST}, imported in {:.0} s",
+        "ballast: {EXCHANGES} exchanges, {} bindings, {QUEUES} quorum queues in {vhost}, imported in {:.0} s",
         EXCHANGES * BINDINGS_PER_EXCHANGE,
         started.elapsed().as_secs_f64()
     );
 }
 
-fn definitions() -> Value {
-    let v = BALLAST_VHOST;
+fn definitions(v: &str) -> Value {
     let exchanges: Vec<Value> = (0..EXCHANGES)
         .map(|i| {
             json!({"name": format!("ballast.x.{i}"), "vhost": v, "type": "topic",
@@ -89,5 +89,5 @@ fn definitions() -> Value {
             "destination_type": "queue", "routing_key": format!("k.{k}.#"), "arguments": {}})
         })
         .collect();
-    json!({"vhosts": [{"name": v}], "exchanges": exchanges, "queues": queues, "bindings": bindings})
+    json!({"exchanges": exchanges, "queues": queues, "bindings": bindings})
 }
