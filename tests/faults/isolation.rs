@@ -286,8 +286,13 @@ async fn due_queue_deleted(sweeper: bool) -> crate::support::Figures {
         ),
     );
     figures.assert_invariants();
+    // RabbitMQ 3.10 deletes the queue, then ends our consumer: the session
+    // re-declares on its channel (a repair). RabbitMQ 4.0 may end the consumer
+    // while the queue record still exists: the repair's declare finds the dying
+    // queue, its bind then fails NOT_FOUND and closes the channel, and the next
+    // session re-declares instead (a reconnect). Either way it was re-declared.
     assert!(
-        repairs >= 1.0,
+        repairs + reconnects >= 1.0,
         "the consumer never re-declared the due queue"
     );
     assert!(
