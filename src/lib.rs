@@ -43,7 +43,8 @@
 //! - `telemetry`: the metrics catalog; with `service`, the tracing subscriber and Prometheus recorder.
 //! - `service` (feature): consumer session, acks, actions (SQL, HTTP, events) and the
 //!   payment check, orders store, sweeper, outbox relay, HTTP, shutdown.
-//! - `ops` (feature `service`): operator tooling over AMQP and SQL: [`Status`], [`Parked`].
+//! - `ops` (feature `service`): operator tooling over AMQP and SQL: [`Status`], [`Parked`],
+//!   [`LadderMigration`].
 //!
 //! The `order-expiry` binary adds `cli` (`serve`, `schedule`, `topology`,
 //! `migrate`, `demo`) on top of this API; the benchmarks are the workspace
@@ -65,8 +66,9 @@ mod topology;
 pub use crate::amqp::{BrokerError, ConnectError, TlsError, TlsFiles};
 #[cfg(feature = "service")]
 pub use crate::ops::{
-    DueStatus, LevelStatus, OpsError, OrdersStatus, OutboxStatus, Parked, ParkedMessage,
-    ParkedStatus, QueueState, ReplayReport, ReplaySelection, STATUS_VERSION, Status,
+    DueStatus, LadderMigration, LevelStatus, MigrationRefused, MigrationReport, OpsError,
+    OrdersStatus, OutboxStatus, Parked, ParkedMessage, ParkedStatus, QueueState, ReplayReport,
+    ReplaySelection, STATUS_VERSION, Status,
 };
 pub use crate::publisher::{
     ExpiryMessage, InvalidOrderId, Malformed, OrderId, ScheduleError, Scheduled, Scheduler,

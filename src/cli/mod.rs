@@ -6,10 +6,12 @@
 //! - [`topology`]: `topology apply` and `topology export`.
 //! - [`migrate`]: the default orders table.
 //! - [`demo`]: the end-to-end demo.
+//! - [`ladder`]: `ladder migrate`: an old ladder's messages into the current one.
 //! - [`parked`]: list, replay and purge the parked queue.
 //! - [`status`]: one look at the ladder, due, parked, outbox and overdue orders.
 
 mod demo;
+mod ladder;
 mod migrate;
 mod parked;
 mod schedule;
@@ -76,6 +78,9 @@ pub(crate) enum Command {
     /// List, replay or purge the parked queue.
     #[command(subcommand)]
     Parked(parked::ParkedCommand),
+    /// Move the messages of an old ladder into the current one.
+    #[command(subcommand)]
+    Ladder(ladder::LadderCommand),
 }
 
 impl Command {
@@ -96,6 +101,7 @@ pub(crate) async fn run(command: Command, settings: Settings) -> anyhow::Result<
         Command::Demo(args) => demo::run(&args, &settings).await,
         Command::Status(args) => return status::run(&args, &settings).await,
         Command::Parked(command) => parked::run(command, &settings).await,
+        Command::Ladder(command) => ladder::run(command, &settings).await,
     }?;
     Ok(ExitCode::SUCCESS)
 }

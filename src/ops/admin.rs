@@ -38,6 +38,9 @@ pub enum OpsError {
         /// Nack, unroutable or no confirm.
         reason: String,
     },
+    /// The command would do harm as asked; the text says why and what to do.
+    #[error("{0}")]
+    Refused(String),
     /// A queue the command works on does not exist.
     #[error("queue {0} does not exist (order-expiry topology apply creates it)")]
     Missing(String),

@@ -6,15 +6,19 @@
 //! - [`status`]: [`Status`]: the ladder, due, parked, outbox and overdue orders
 //!   in one look; its text and its stable JSON.
 //! - [`parked`]: [`Parked`]: list, replay and purge `P.parked`.
+//! - [`migrate`]: [`LadderMigration`]: an old ladder's messages into the
+//!   current one, while both are in use.
 //! - [`republish`]: one message into the current ladder for its remaining
 //!   delay, confirmed, then the original acked.
 
 mod admin;
+mod migrate;
 mod parked;
 mod republish;
 mod status;
 
 pub use self::admin::{OpsError, QueueState};
+pub use self::migrate::{LadderMigration, MigrationRefused, MigrationReport};
 pub use self::parked::{Parked, ParkedMessage, ReplayReport, ReplaySelection};
 pub use self::status::{
     DueStatus, LevelStatus, OrdersStatus, OutboxStatus, ParkedStatus, STATUS_VERSION, Status,

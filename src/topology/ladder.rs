@@ -368,6 +368,30 @@ mod tests {
         assert!(Ladder::new("orders", 32).is_ok());
     }
 
+    /// AMQP short strings (routing keys, binding keys, exchange and queue
+    /// names) hold at most 255 bytes (kombu#2556): every key, pattern and
+    /// name of every ladder allowed, with the longest prefix allowed, fits.
+    #[test]
+    fn keys_patterns_and_names_fit_in_255_bytes_at_every_number_of_levels() {
+        let prefix = "p".repeat(200);
+        for levels in 1..=MAX_LEVELS {
+            let ladder = Ladder::new(&prefix, levels).unwrap();
+            for delay in [0, 1, ladder.max_delay_secs() / 2, ladder.max_delay_secs()] {
+                let route = ladder.route(delay).unwrap();
+                assert!(route.routing_key.len() <= 255, "{levels} levels");
+                assert!(route.exchange.len() <= 255, "{levels} levels");
+            }
+            for level in 0..levels {
+                let (hold, pass) = ladder.binding_patterns(level);
+                assert!(hold.len() <= 255 && pass.len() <= 255, "{levels}/{level}");
+                assert!(ladder.level_name(level).len() <= 255);
+            }
+            assert!(ladder.parked_queue().len() <= 255 && ladder.due_queue().len() <= 255);
+        }
+        let longest = Ladder::new("p", MAX_LEVELS).unwrap().routing_key(u64::MAX);
+        assert_eq!(longest.len(), 63, "two bytes a level, less one dot");
+    }
+
     #[test]
     fn topic_matching_follows_rabbitmq() {
         assert!(topic_matches("*.1.#", "0.1"));

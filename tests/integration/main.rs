@@ -16,6 +16,7 @@ mod http;
 mod https;
 mod insert_race;
 mod isolation;
+mod migrate;
 mod ops;
 mod outbox;
 mod outbox_clients;

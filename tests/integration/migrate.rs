@@ -1,0 +1,165 @@
+//! `order-expiry ladder migrate` with a few thousand orders in flight: from a
+//! 22-level ladder into a 24-level one under a new prefix, and a prefix
+//! rename, each while the old ladder keeps expiring messages and consumers
+//! run. Nothing lost (every order cancelled), nothing early (`cancelled_at`
+//! never before `pay_deadline`), the old ladder empty and deleted after.
+
+use std::time::{Duration, Instant};
+
+use chrono::{TimeDelta, Utc};
+use order_expiry::Settings;
+use order_expiry_testkit::{World, settings_env};
+use rand::Rng;
+use tokio::process::Command;
+
+/// Runs `order-expiry ladder migrate ARGS` with `settings` (the new ladder).
+async fn migrate(settings: &Settings, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_order-expiry"))
+        .args(["ladder", "migrate"])
+        .args(args)
+        .envs(settings_env(settings))
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(300), out)
+        .await
+        .expect("migrate ends")
+        .expect("the binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// `n` unpaid orders due 4-40 s from now, scheduled into the world's ladder.
+async fn in_flight(env: &World, n: usize) {
+    let now = Utc::now();
+    let mut rng = rand::rng();
+    let orders: Vec<(String, chrono::DateTime<Utc>)> = (0..n)
+        .map(|i| {
+            let due = now + TimeDelta::milliseconds(rng.random_range(4_000..40_000));
+            (format!("m-{i:05}"), due)
+        })
+        .collect();
+    env.create_orders(&orders).await;
+    let scheduler = env.scheduler();
+    for r in scheduler.schedule_many(orders).await {
+        r.expect("scheduled into the old ladder");
+    }
+    scheduler.close().await;
+}
+
+/// Waits until every order is cancelled (at most 90 s); then none is early.
+async fn all_cancelled_none_early(env: &World, n: i64) -> Duration {
+    let start = Instant::now();
+    let client = env.store.client().await.unwrap();
+    loop {
+        let row = client
+            .query_one(
+                "SELECT count(*) FILTER (WHERE status = 'cancelled'), \
+                        count(*) FILTER (WHERE cancelled_at < pay_deadline), count(*) FROM orders",
+                &[],
+            )
+            .await
+            .unwrap();
+        let (cancelled, early, total): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        assert_eq!(early, 0, "orders cancelled before their deadline");
+        assert_eq!(total, n);
+        if cancelled == n {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "only {cancelled} of {n} cancelled"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The number after `word` in `text`.
+fn figure(text: &str, word: &str) -> u64 {
+    let at = text
+        .find(word)
+        .unwrap_or_else(|| panic!("{word:?} in {text}"));
+    text[at + word.len()..]
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("a number after {word:?} in {text}"))
+}
+
+async fn migrate_while_running(old_levels: u8, new_levels: u8, n: usize, old_consumer: bool) {
+    let env = World::builder()
+        .kind("mg")
+        .levels(old_levels)
+        .build()
+        .await
+        .expect("a world");
+    let mut new = env.settings.clone();
+    new.topology.prefix = format!("{}-new", env.settings.topology.prefix);
+    new.topology.levels = new_levels;
+    env.declare(&new).await.unwrap();
+    in_flight(&env, n).await;
+    let consumer = env.start_consumer_with(&new);
+    let old = old_consumer.then(|| env.start_consumer());
+    let from = ["--from-prefix", &env.settings.topology.prefix];
+    let levels = old_levels.to_string();
+    let from_levels = ["--from-levels", levels.as_str()];
+
+    let dry = migrate(
+        &new,
+        &[&from[..], &from_levels[..], &["--dry-run"]].concat(),
+    )
+    .await;
+    eprintln!("{dry}");
+    let found = figure(&dry, "levels):");
+    assert!(found > 0 && found <= n as u64, "{dry}");
+    assert!(dry.contains("dry run: nothing moved"), "{dry}");
+
+    let out = migrate(
+        &new,
+        &[&from[..], &from_levels[..], &["--delete-old"]].concat(),
+    )
+    .await;
+    eprintln!("{out}");
+    let moved = figure(&out, "moved");
+    assert!(moved > 0 && moved <= n as u64, "{out}");
+    assert!(out.contains("deleted"), "{out}");
+    let took = all_cancelled_none_early(&env, n as i64).await;
+    eprintln!("all {n} cancelled, none early, {took:?} after the migration");
+    // The old ladder is gone: its queues no longer exist.
+    let ladder = env.ladder();
+    let channel = env.open_channel().await;
+    let passive = lapin::options::QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let gone = channel
+        .queue_declare(
+            ladder.level_name(0).as_str().into(),
+            passive,
+            Default::default(),
+        )
+        .await;
+    assert!(gone.is_err(), "old level 0 deleted");
+    if let Some(old) = old {
+        old.stop().await;
+    }
+    consumer.stop().await;
+    env.cleanup().await;
+}
+
+/// 22 levels under one prefix to 24 under another, 3,000 orders in flight,
+/// the new consumer running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_22_to_24_levels_loses_nothing_and_cancels_nothing_early() {
+    migrate_while_running(22, 24, 3_000, false).await;
+}
+
+/// A prefix rename (22 levels both), 3,000 orders in flight, the old and the
+/// new consumer both running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_a_prefix_rename_with_both_consumers_running() {
+    migrate_while_running(22, 22, 3_000, true).await;
+}
