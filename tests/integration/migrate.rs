@@ -150,16 +150,16 @@ async fn migrate_while_running(old_levels: u8, new_levels: u8, n: usize, old_con
     env.cleanup().await;
 }
 
-/// 22 levels under one prefix to 24 under another, 3,000 orders in flight,
+/// 22 levels under one prefix to 24 under another, 2,000 orders in flight,
 /// the new consumer running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_22_to_24_levels_loses_nothing_and_cancels_nothing_early() {
-    migrate_while_running(22, 24, 3_000, false).await;
+    migrate_while_running(22, 24, 2_000, false).await;
 }
 
-/// A prefix rename (22 levels both), 3,000 orders in flight, the old and the
+/// A prefix rename (22 levels both), 2,000 orders in flight, the old and the
 /// new consumer both running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_a_prefix_rename_with_both_consumers_running() {
-    migrate_while_running(22, 22, 3_000, true).await;
+    migrate_while_running(22, 22, 2_000, true).await;
 }
