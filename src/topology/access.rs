@@ -200,7 +200,7 @@ impl Access {
 
 /// `^name$`, or `^(a|b|…)$` for several, each name matched literally; duplicates
 /// are dropped, the first occurrence keeps its place.
-fn exactly(names: &[String]) -> String {
+pub(crate) fn exactly(names: &[String]) -> String {
     let mut unique: Vec<String> = Vec::with_capacity(names.len());
     for name in names {
         let escaped = regex_escape(name);

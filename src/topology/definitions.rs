@@ -5,7 +5,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::access::Access;
+use super::access::{Access, exactly};
 use super::describe::{Arg, Binding, Destination, Exchange, ExchangeType, Queue, Topology};
 use super::ladder::Ladder;
 use crate::settings::TopologySettings;
@@ -23,6 +23,7 @@ pub fn definitions_json(
     event_exchange: Option<&str>,
 ) -> String {
     let mut definitions = objects(&Topology::describe(ladder, settings), vhost);
+    definitions["policies"] = json!([redelivery_policy(ladder, vhost)]);
     Access::describe(ladder, event_exchange).add_to(&mut definitions, vhost);
     let mut text =
         serde_json::to_string_pretty(&definitions).unwrap_or_else(|_| String::from("{}"));
@@ -37,6 +38,25 @@ fn objects(topology: &Topology, vhost: &str) -> Value {
         "exchanges": topology.exchanges.iter().map(|e| exchange(e, vhost)).collect::<Vec<_>>(),
         "queues": topology.queues.iter().map(|q| queue(q, vhost)).collect::<Vec<_>>(),
         "bindings": topology.bindings.iter().map(|b| binding(b, vhost)).collect::<Vec<_>>(),
+    })
+}
+
+/// Quorum queues on RabbitMQ 4.0 drop a message returned more than 20 times
+/// (the default `delivery-limit`). The due queue returns held messages on
+/// every consumer restart, and `status` and `parked list` read the parked
+/// queue by returning what they looked at; so both queues get a limit no one
+/// reaches. A policy, not a queue argument: it also reaches queues declared
+/// before it, which a different argument would make the broker refuse to
+/// re-declare. (`apply-to: queues`: 3.10 knows no `quorum_queues`; classic
+/// queues ignore the key.)
+fn redelivery_policy(ladder: &Ladder, vhost: &str) -> Value {
+    json!({
+        "vhost": vhost,
+        "name": format!("{}.delivery-limit", ladder.prefix()),
+        "pattern": exactly(&[ladder.due_queue(), ladder.parked_queue()]),
+        "apply-to": "queues",
+        "priority": 0,
+        "definition": { "delivery-limit": 1_000_000_000 },
     })
 }
 

@@ -23,6 +23,7 @@ mod outbox_clients;
 mod payments;
 mod poison;
 mod poison_corpus;
+mod redelivery;
 mod scheduling;
 mod secrets;
 mod sweeper;
