@@ -123,7 +123,7 @@ impl Imported {
                 p["vhost"] = self.vhost.as_str().into();
             }
         }
-        for section in ["exchanges", "queues", "bindings"] {
+        for section in ["exchanges", "queues", "bindings", "policies"] {
             for object in defs[section].as_array_mut().unwrap() {
                 object["vhost"] = self.vhost.as_str().into();
             }
