@@ -24,9 +24,8 @@ fn over_https(env: &World, base: &str, tls_ca_file: std::path::PathBuf) -> Setti
     settings
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_action_and_the_check_trust_a_private_ca_through_tls_ca_file() {
-    let env = World::new().await;
+/// A fake order service behind a TLS front whose certificate the test CA signed.
+async fn order_service_over_tls() -> (Pki, Endpoint, TlsFront) {
     let pki = Pki::new();
     let endpoint = Endpoint::start().await;
     let front = TlsFront::start(
@@ -35,6 +34,13 @@ async fn the_action_and_the_check_trust_a_private_ca_through_tls_ca_file() {
         &pki.path("server.key"),
     )
     .await;
+    (pki, endpoint, front)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_action_and_the_check_trust_a_private_ca_through_tls_ca_file() {
+    let env = World::new().await;
+    let (pki, endpoint, front) = order_service_over_tls().await;
     endpoint.script("payment", "tls-1", vec![Reply::Payment("unpaid")]);
     let base = format!("https://127.0.0.1:{}", front.addr.port());
     let settings = over_https(&env, &base, pki.path("ca.pem"));
@@ -53,14 +59,7 @@ async fn the_action_and_the_check_trust_a_private_ca_through_tls_ca_file() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_signed_by_a_ca_nobody_configured_is_never_spoken_to() {
     let env = World::new().await;
-    let pki = Pki::new();
-    let endpoint = Endpoint::start().await;
-    let front = TlsFront::start(
-        endpoint.addr,
-        &pki.path("server.pem"),
-        &pki.path("server.key"),
-    )
-    .await;
+    let (pki, endpoint, front) = order_service_over_tls().await;
     let base = format!("https://127.0.0.1:{}", front.addr.port());
     let settings = over_https(&env, &base, pki.path("other-ca.pem"));
     let mut consumer = env.start_consumer_with(&settings);
