@@ -2,7 +2,7 @@
 # on 127.0.0.1, starting them if installed but stopped, installing them with
 # apt-get when missing and running as root.
 
-log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+log() { printf '\033[1m==> %s %s\033[0m\n' "$(date +%T)" "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -56,8 +56,20 @@ ensure_postgres_access() {
 ensure_rabbitmq() {
   if port_open 5672; then return 0; fi
   command -v rabbitmq-server >/dev/null || apt_install rabbitmq-server
-  log "starting RabbitMQ"
-  rabbitmq-server -detached || true
+  if rabbitmq_system_pid >/dev/null; then
+    # The node runs without its app: another run's fault test may have stopped
+    # it for a few seconds; or one was killed before it started it again.
+    local _
+    for _ in $(seq 1 90); do
+      port_open 5672 && return 0
+      sleep 1
+    done
+    log "RabbitMQ's node has run without its app for 90 s: start_app"
+    timeout 120 rabbitmqctl -q start_app >/dev/null 2>&1 || restart_rabbitmq
+  else
+    log "starting RabbitMQ"
+    rabbitmq-server -detached || true
+  fi
   wait_port 5672 RabbitMQ
   rabbitmqctl await_startup >/dev/null 2>&1 || true
 }
@@ -65,6 +77,62 @@ ensure_rabbitmq() {
 ensure_rabbitmq_features() {
   # At-least-once dead-lettering needs the stream_queue feature flag (3.10+).
   rabbitmqctl enable_feature_flag all >/dev/null 2>&1 || true
+}
+
+# A node can take connections and still not do its work; then every test run
+# against it hangs until CI's limit (seen: a 3.10 node wedged on deleting a
+# vhost whose quorum queues were still going away, under four concurrent runs;
+# neither stop_app nor start_app cleared it, a kill -9 and a fresh start did).
+# The probe, each step within 60 s: the app runs, no resource alarm, and a
+# vhost can be made and deleted. It uses `rabbitmqctl` from PATH, so the same
+# probe checks the 4.0 node through scripts/lib/rabbitmq4-bin.
+rabbitmq_probe() {
+  local alarms
+  timeout 60 rabbitmqctl -q await_startup >/dev/null 2>&1 || { echo "the app does not run"; return 1; }
+  alarms=$(timeout 60 rabbitmqctl -q eval 'rabbit_alarm:get_alarms().' 2>&1) || { echo "no answer to eval"; return 1; }
+  [[ $alarms == "[]" ]] || { echo "alarms: $alarms"; return 1; }
+  timeout 60 rabbitmqctl -q add_vhost order-expiry-probe >/dev/null 2>&1 &&
+    timeout 60 rabbitmqctl -q delete_vhost order-expiry-probe >/dev/null 2>&1 ||
+    { echo "a vhost cannot be made and deleted within 60 s"; return 1; }
+}
+
+# The system node's beam, only if it runs in this root (never a 4.0 node's,
+# whose root is their chroot).
+rabbitmq_system_pid() {
+  local pid
+  for pid in $(cat /var/lib/rabbitmq/mnesia/*.pid 2>/dev/null) $(pgrep -x beam.smp); do
+    [[ -d /proc/$pid && $(readlink "/proc/$pid/root") == / ]] || continue
+    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- '-s rabbit' || continue
+    echo "$pid"
+    return 0
+  done
+  return 1
+}
+
+# Stop (or, when that does not finish within 60 s, kill -9) and start the
+# system node.
+restart_rabbitmq() {
+  local pid
+  timeout 60 rabbitmqctl -q stop >/dev/null 2>&1 || true
+  if pid=$(rabbitmq_system_pid); then
+    log "RabbitMQ did not stop: kill -9 $pid"
+    kill -9 "$pid" 2>/dev/null || true
+    sleep 2
+  fi
+  rabbitmq-server -detached || true
+  wait_port 5672 RabbitMQ
+  timeout 120 rabbitmqctl -q await_startup >/dev/null 2>&1 || die "RabbitMQ did not start within 120 s"
+}
+
+# Probe the system node; restart it once if the probe fails. Only for a run
+# that is alone on the machine (scripts/test calls it holding its lock
+# exclusively): others' fault tests stop the node on purpose.
+ensure_rabbitmq_healthy() {
+  local why
+  why=$(rabbitmq_probe) && return 0
+  log "RabbitMQ on 5672 failed its health probe ($why): restarting it"
+  restart_rabbitmq
+  why=$(rabbitmq_probe) || die "RabbitMQ on 5672 is still unhealthy after a restart: $why"
 }
 
 ensure_tools() {
