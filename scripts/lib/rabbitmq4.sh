@@ -310,6 +310,9 @@ _rmq4_write_node_config() {
   local name=$1 amqp=$2 dir
   dir=$RMQ4_ROOT$(_rmq4_node_dir "$name")
   mkdir -p "$dir/mnesia" "$dir/log" || die "cannot create $dir"
+  # A node that runs a configuration of its own (scripts/lib/deploy-broker.sh
+  # boots the deployed one) brings its files; they are kept.
+  [[ -f "$dir/.own-config" ]] && return 0
   cat >"$dir/rabbitmq.conf" <<EOF
 # Written by scripts/lib/rabbitmq4.sh at every start: edits here are lost.
 listeners.tcp.1 = 127.0.0.1:$amqp
