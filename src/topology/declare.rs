@@ -11,6 +11,7 @@ use lapin::{Channel, ExchangeKind};
 use thiserror::Error;
 
 use super::describe::{Arg, Binding, Destination, Exchange, ExchangeType, Queue, Topology};
+use super::guard;
 use super::ladder::LadderError;
 use crate::Settings;
 use crate::amqp::{self, BrokerError, ConnectError, TlsFiles};
@@ -28,6 +29,22 @@ pub enum TopologyError {
     /// arguments) or did not answer.
     #[error(transparent)]
     Broker(#[from] BrokerError),
+    /// The prefix already has a ladder with another number of levels; applying
+    /// this one in place would make copies of messages, some early.
+    #[error(
+        "the broker already has a ladder under prefix {prefix} with {existing} levels, not {wanted}; \
+         changing topology.levels in place makes copies of messages, some of them early: apply \
+         the new level count under a new prefix, then move what is in flight with \
+         `order-expiry ladder migrate --from-prefix {prefix} --from-levels {existing}`"
+    )]
+    LevelsChanged {
+        /// The prefix both share.
+        prefix: String,
+        /// The level count on the broker.
+        existing: u8,
+        /// `topology.levels`.
+        wanted: u8,
+    },
 }
 
 impl Topology {
@@ -38,14 +55,26 @@ impl Topology {
         settings: &Settings,
         connection_name: &str,
     ) -> Result<Self, TopologyError> {
-        let topology = Self::describe(&settings.ladder()?, &settings.topology);
+        let ladder = settings.ladder()?;
+        let topology = Self::describe(&ladder, &settings.topology);
         let timeout = settings.amqp.timeout;
         let tls = TlsFiles::from_settings(&settings.amqp);
         let connection = amqp::connect(&settings.amqp.url, &tls, connection_name, timeout).await?;
         let declared = async {
+            match guard::levels_on_broker(&connection, &ladder, timeout).await? {
+                Some(existing) if existing != ladder.levels() => {
+                    return Err(TopologyError::LevelsChanged {
+                        prefix: ladder.prefix().to_owned(),
+                        existing,
+                        wanted: ladder.levels(),
+                    });
+                }
+                _ => {}
+            }
             let channel =
                 amqp::bounded("channel.open", timeout, connection.create_channel()).await?;
-            topology.apply(&channel, timeout).await
+            topology.apply(&channel, timeout).await?;
+            Ok(())
         }
         .await;
         let _ = amqp::bounded(

@@ -3,7 +3,8 @@
 //!
 //! - [`ladder`]: delay → entry exchange and routing key; level names. Pure.
 //! - [`describe`]: the [`Topology`], derived from a ladder and its settings. Pure.
-//! - [`declare`]: `topology apply`: declare it over AMQP, bounded.
+//! - [`declare`]: `topology apply`: declare it over AMQP, bounded; [`guard`]
+//!   refuses another level count under a prefix that has a ladder.
 //! - [`definitions`]: `topology export`: the definitions JSON, with the users of [`access`].
 //! - [`access`]: the least-privilege publisher and consumer users. Pure.
 
@@ -11,6 +12,7 @@ mod access;
 mod declare;
 mod definitions;
 mod describe;
+mod guard;
 mod ladder;
 
 pub use self::access::{CONSUMER_USER, PUBLISHER_USER};

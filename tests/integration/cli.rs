@@ -161,3 +161,56 @@ async fn schedule_into_a_missing_topology_names_the_exchange_and_the_fix() {
     assert!(lines[0].contains("order-expiry topology apply"), "{stderr}");
     env.cleanup().await;
 }
+
+/// `topology apply` with another `topology.levels` under a prefix that has a
+/// ladder refuses (exit 1, one line naming both counts and the migration)
+/// and declares nothing: in place, the other count's bindings would make
+/// copies of messages, some of them early. The same count applies again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topology_apply_refuses_another_level_count_under_the_same_prefix() {
+    let env = World::new().await;
+    let levels = env.settings.topology.levels;
+    let prefix = env.settings.topology.prefix.clone();
+    for other in [levels + 2, levels - 2] {
+        let mut cmd = binary(&env);
+        cmd.env("ORDER_EXPIRY__TOPOLOGY__LEVELS", other.to_string())
+            .args(["topology", "apply"]);
+        let out = run_with_stdin(cmd, "").await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "under prefix {prefix} with {levels} levels, not {other}"
+            )) && stderr.contains(&format!(
+                "ladder migrate --from-prefix {prefix} --from-levels {levels}"
+            )),
+            "{stderr}"
+        );
+    }
+    // Nothing of the refused 24-level ladder was declared.
+    let channel = env.open_channel().await;
+    let passive = lapin::options::ExchangeDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let above = channel
+        .exchange_declare(
+            env.ladder().level_name(levels).as_str().into(),
+            lapin::ExchangeKind::Topic,
+            passive,
+            Default::default(),
+        )
+        .await;
+    assert!(above.is_err(), "no level {levels} exchange was declared");
+
+    let mut cmd = binary(&env);
+    cmd.args(["topology", "apply"]);
+    let out = run_with_stdin(cmd, "").await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    env.cleanup().await;
+}
