@@ -74,14 +74,19 @@ async fn an_extended_deadline_outlives_its_old_message() {
         handled.iter().all(|h| h.outcome == Outcome::Extended),
         "{handled:?}"
     );
+    // Unpaid, unless the new deadline has passed meanwhile (set-up on a
+    // loaded machine can take longer than the 2 s extension) and the new
+    // message cancelled it: then not before the new deadline.
     for id in ids {
-        let (status, _, cancelled_at) = env.order(id).await;
-        assert_eq!((status.as_str(), cancelled_at), ("unpaid", None), "{id}");
+        let (status, pay_deadline, cancelled_at) = env.order(id).await;
+        match cancelled_at {
+            None => assert_eq!(status, "unpaid", "{id}"),
+            Some(at) => assert!(
+                at >= pay_deadline && pay_deadline == new,
+                "{id} cancelled at {at}, before its extended deadline {new}"
+            ),
+        }
     }
-    assert!(
-        Utc::now() < new,
-        "the stale messages were handled before the new deadline"
-    );
 
     // The new ones cancel on time, never early.
     let handled = consumer.next_n(2, Duration::from_secs(10)).await;
