@@ -54,8 +54,9 @@ ensure_postgres_access() {
 }
 
 ensure_rabbitmq() {
-  if port_open 5672; then return 0; fi
   command -v rabbitmq-server >/dev/null || apt_install rabbitmq-server
+  ensure_rabbitmq_fd_limit_conf
+  if port_open 5672; then return 0; fi
   if rabbitmq_system_pid >/dev/null; then
     # The node runs without its app: another run's fault test may have stopped
     # it for a few seconds; or one was killed before it started it again.
@@ -72,6 +73,37 @@ ensure_rabbitmq() {
   fi
   wait_port 5672 RabbitMQ
   rabbitmqctl await_startup >/dev/null 2>&1 || true
+}
+
+# RabbitMQ 3.10's file handle cache reserves about three handles per quorum
+# queue against the node's soft open-files limit. Debian's rabbitmq-server
+# starts the node through `su`, which sets that limit to 1024: past about 300
+# quorum queues (a test run's worlds beside the fault stage's ballast) every
+# later declare, vhost change and `rabbitmqctl status` waits for a handle
+# forever (seen here: file_handle_cache total_used 927 of 927 with 39 files
+# open, add_vhost blocked in rabbit_vhost:recover). rabbitmq-env.conf is
+# sourced by the node's start script after `su`: it raises the soft limit to
+# the hard one there (20000 here). RabbitMQ 4 has no such cache.
+RABBITMQ_ENV_CONF=/etc/rabbitmq/rabbitmq-env.conf
+RABBITMQ_FD_MARK='order-expiry (scripts/lib/services.sh)'
+ensure_rabbitmq_fd_limit_conf() {
+  grep -qF "$RABBITMQ_FD_MARK" "$RABBITMQ_ENV_CONF" 2>/dev/null && return 0
+  [[ -w $(dirname "$RABBITMQ_ENV_CONF") ]] || { log "cannot write $RABBITMQ_ENV_CONF: RabbitMQ keeps its open-files limit"; return 0; }
+  log "raising RabbitMQ's soft open-files limit to the hard one ($RABBITMQ_ENV_CONF)"
+  cat >>"$RABBITMQ_ENV_CONF" <<EOF
+# $RABBITMQ_FD_MARK: RabbitMQ 3.10 reserves about three
+# file handles per quorum queue against the soft open-files limit; at the
+# default 1024 a node stops at about 300 quorum queues and every later
+# declare, vhost change or status call hangs. Raise the soft limit to the hard one.
+ulimit -S -n "\$(ulimit -H -n)" 2>/dev/null || true
+EOF
+}
+
+# The running system node's soft open-files limit.
+rabbitmq_fd_limit() {
+  local pid
+  pid=$(rabbitmq_system_pid) || return 1
+  awk '/^Max open files/ { print $4 }' "/proc/$pid/limits"
 }
 
 ensure_rabbitmq_features() {
@@ -128,7 +160,12 @@ restart_rabbitmq() {
 # that is alone on the machine (scripts/test calls it holding its lock
 # exclusively): others' fault tests stop the node on purpose.
 ensure_rabbitmq_healthy() {
-  local why
+  local why limit
+  limit=$(rabbitmq_fd_limit) || limit=
+  if [[ -n $limit && $limit -lt 4096 ]]; then
+    log "RabbitMQ on 5672 runs with an open-files limit of $limit: restarting it with the raised limit"
+    restart_rabbitmq
+  fi
   why=$(rabbitmq_probe) && return 0
   log "RabbitMQ on 5672 failed its health probe ($why): restarting it"
   restart_rabbitmq
