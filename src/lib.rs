@@ -92,6 +92,6 @@ pub use crate::settings::{
 #[cfg(feature = "service")]
 pub use crate::telemetry::{init_tracing, init_tracing_for_tests};
 pub use crate::topology::{
-    CONSUMER_USER, DelayTooLong, Ladder, LadderError, PUBLISHER_USER, Route, Topology,
+    CONSUMER_USER, DelayTooLong, KeptQueue, Ladder, LadderError, PUBLISHER_USER, Route, Topology,
     TopologyError, definitions_json,
 };

@@ -58,3 +58,14 @@ pub(crate) fn is_not_found(error: &lapin::Error) -> bool {
             if matches!(e.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND))
     )
 }
+
+/// Whether the broker answered 406 PRECONDITION_FAILED: a re-declare with other
+/// arguments than the existing object's. The broker closes the channel with it.
+pub(crate) fn is_precondition_failed(error: &lapin::Error) -> bool {
+    use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+    matches!(
+        error.kind(),
+        lapin::ErrorKind::ProtocolError(e)
+            if matches!(e.kind(), AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED))
+    )
+}

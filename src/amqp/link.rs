@@ -11,7 +11,7 @@ use secrecy::SecretString;
 use thiserror::Error;
 use tokio::sync::Mutex;
 
-use super::{BrokerError, ConnectError, TlsFiles, bounded, connect};
+use super::{BrokerError, ConnectError, TlsFiles, bounded, close_failed, connect};
 
 /// Opening the link failed.
 #[derive(Debug, Error)]
@@ -82,9 +82,21 @@ impl ConfirmLink {
         }
         *link = None;
         let connection = connect(&self.url, &self.tls, self.name, self.timeout).await?;
-        let channel = bounded("channel.open", self.timeout, connection.create_channel()).await?;
-        let confirms = channel.confirm_select(ConfirmSelectOptions::default());
-        bounded("confirm.select", self.timeout, confirms).await?;
+        let opened = async {
+            let channel =
+                bounded("channel.open", self.timeout, connection.create_channel()).await?;
+            let confirms = channel.confirm_select(ConfirmSelectOptions::default());
+            bounded("confirm.select", self.timeout, confirms).await?;
+            Ok::<_, BrokerError>(channel)
+        }
+        .await;
+        let channel = match opened {
+            Ok(channel) => channel,
+            Err(error) => {
+                close_failed(&connection, self.timeout).await;
+                return Err(error.into());
+            }
+        };
         let id = LINKS.fetch_add(1, Ordering::Relaxed);
         *link = Some(Link {
             connection,

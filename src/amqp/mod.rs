@@ -7,8 +7,8 @@ mod link;
 mod tls;
 
 pub use self::bounded::BrokerError;
-pub(crate) use self::bounded::{bounded, is_not_found};
+pub(crate) use self::bounded::{bounded, is_not_found, is_precondition_failed};
 pub use self::connect::ConnectError;
-pub(crate) use self::connect::connect;
+pub(crate) use self::connect::{close_failed, connect};
 pub(crate) use self::link::{ConfirmLink, LinkError};
 pub use self::tls::{TlsError, TlsFiles};

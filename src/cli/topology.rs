@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use clap::Subcommand;
-use order_expiry::{ActionKind, Settings, Topology, definitions_json};
+use order_expiry::{ActionKind, KeptQueue, Settings, Topology, definitions_json};
 
 /// `topology` subcommands.
 #[derive(Debug, Subcommand)]
@@ -22,8 +22,17 @@ pub(crate) enum TopologyCommand {
 pub(super) async fn run(command: TopologyCommand, settings: &Settings) -> anyhow::Result<()> {
     match command {
         TopologyCommand::Apply => {
-            let topology = Topology::declare(settings, "order-expiry topology").await?;
+            let (topology, kept) =
+                Topology::declare_keeping(settings, "order-expiry topology").await?;
             eprintln!("declared {topology}");
+            for k in &kept {
+                eprintln!(
+                    "warning: {}: {}\n  broker: {}",
+                    k.name,
+                    KeptQueue::ADVICE,
+                    k.reason
+                );
+            }
         }
         TopologyCommand::Export { vhost } => {
             let vhost = vhost.unwrap_or_else(|| settings.topology.vhost.clone());

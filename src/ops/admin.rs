@@ -73,7 +73,14 @@ impl Admin {
         let timeout = settings.amqp.timeout;
         let tls = TlsFiles::from_settings(&settings.amqp);
         let connection = amqp::connect(&settings.amqp.url, &tls, name, timeout).await?;
-        let channel = amqp::bounded("channel.open", timeout, connection.create_channel()).await?;
+        let channel =
+            match amqp::bounded("channel.open", timeout, connection.create_channel()).await {
+                Ok(channel) => channel,
+                Err(error) => {
+                    amqp::close_failed(&connection, timeout).await;
+                    return Err(error.into());
+                }
+            };
         Ok(Self {
             connection,
             channel,

@@ -24,7 +24,7 @@ pub(crate) use self::action::bearer;
 pub use self::action::{
     ActionKind, ActionSettings, AmqpActionSettings, CheckSettings, FinalOutcome, HttpActionSettings,
 };
-pub(crate) use self::redact::{redact_url, scrub_url};
+pub(crate) use self::redact::{redact_url, scrub_url, url_list};
 pub use self::validate::InvalidSetting;
 use crate::topology::{Ladder, LadderError};
 
@@ -64,7 +64,9 @@ pub struct Settings {
 /// How to reach the broker.
 #[derive(Debug, Clone, Deserialize)]
 pub struct AmqpSettings {
-    /// `amqp://` or `amqps://` URL, with credentials and vhost.
+    /// `amqp://` or `amqps://` URL, with credentials and vhost; or several,
+    /// comma-separated (the nodes of a cluster): clients connect to one that
+    /// answers and move to another when theirs fails.
     pub url: SecretString,
     /// Bound on connecting, declaring, and one publisher confirm (`timeout_ms`).
     #[serde(rename = "timeout_ms", with = "millis")]
@@ -123,6 +125,11 @@ pub struct TopologySettings {
     pub queue_type: QueueType,
     /// Per holding queue length limit (0: none).
     pub max_length: u64,
+    /// Members of each quorum queue's replica group (`x-quorum-initial-group-size`):
+    /// the queue survives the loss of a minority of them. The broker clamps it to
+    /// the nodes there are, so 3 (the default) gives 1 on a single node. Fixed when
+    /// a queue is declared; see README, Running on a cluster, to change it later.
+    pub replicas: u16,
 }
 
 /// The publisher library.
@@ -320,7 +327,8 @@ impl Settings {
 }
 
 impl AmqpSettings {
-    /// The broker URL with its password replaced by `***`, for logs.
+    /// The broker URL (every URL of a list) with its password replaced by
+    /// `***`, for logs.
     pub fn display_url(&self) -> String {
         redact_url(&self.url)
     }

@@ -1,11 +1,26 @@
 //! URLs carry passwords: the forms of them that may be logged or put in an
-//! error message.
+//! error message. `amqp.url` may be a comma-separated list of broker URLs (the
+//! nodes of a cluster): every URL of a list is redacted and scrubbed.
 
 use secrecy::{ExposeSecret, SecretString};
 
-/// `url` with its password replaced by `***`, for logs and error messages.
+/// The URLs of a comma-separated list, trimmed, empty ones skipped. A comma
+/// inside a password is written `%2C` (it is a separator here).
+pub(crate) fn url_list(raw: &str) -> impl Iterator<Item = &str> {
+    raw.split(',').map(str::trim).filter(|u| !u.is_empty())
+}
+
+/// `url` (or every URL of a comma-separated list) with its password replaced
+/// by `***`, for logs and error messages.
 pub(crate) fn redact_url(url: &SecretString) -> String {
     let raw = url.expose_secret();
+    if raw.contains(',') {
+        return url_list(raw).map(redact_one).collect::<Vec<_>>().join(",");
+    }
+    redact_one(raw)
+}
+
+fn redact_one(raw: &str) -> String {
     let Some((scheme, rest)) = raw.split_once("://") else {
         return "***".to_owned();
     };
@@ -30,6 +45,18 @@ pub(crate) fn scrub_url(text: &str, url: &SecretString) -> String {
         return text.to_owned();
     }
     let mut out = text.replace(raw, &redact_url(url));
+    if raw.contains(',') {
+        for one in url_list(raw) {
+            out = scrub_one(&out, one);
+        }
+        return out;
+    }
+    scrub_one(&out, raw)
+}
+
+/// `text` with the one URL `raw` and its password scrubbed.
+fn scrub_one(text: &str, raw: &str) -> String {
+    let mut out = text.replace(raw, &redact_one(raw));
     let password = raw
         .split_once("://")
         .map(|(_, rest)| rest.split('/').next().unwrap_or(rest))
@@ -88,6 +115,28 @@ mod tests {
             scrub_url("Invalid URL: 'amqp:app:hunter2@rabbit'", &opaque),
             "Invalid URL: '***'"
         );
+    }
+
+    #[test]
+    fn every_url_of_a_list_is_redacted_and_scrubbed() {
+        let list = SecretString::from(
+            "amqp://app:pw-one@rabbit-0:5672/vh, amqp://app:pw-two@rabbit-1:5672/vh,amqps://app:p%40w3@rabbit-2/vh",
+        );
+        assert_eq!(
+            redact_url(&list),
+            "amqp://app:***@rabbit-0:5672/vh,amqp://app:***@rabbit-1:5672/vh,amqps://app:***@rabbit-2/vh"
+        );
+        let text = "cannot connect to amqp://app:pw-two@rabbit-1:5672/vh (pw-one, p@w3, pw-two)";
+        let scrubbed = scrub_url(text, &list);
+        for secret in ["pw-one", "pw-two", "p@w3", "p%40w3"] {
+            assert!(!scrubbed.contains(secret), "{scrubbed}");
+        }
+        assert!(
+            scrubbed.contains("amqp://app:***@rabbit-1:5672/vh"),
+            "{scrubbed}"
+        );
+        let urls: Vec<_> = url_list(" a ,, b,").collect();
+        assert_eq!(urls, ["a", "b"]);
     }
 
     #[test]

@@ -7,9 +7,10 @@
 
 use std::time::Duration;
 
+use secrecy::ExposeSecret;
 use thiserror::Error;
 
-use super::{ActionKind, Settings};
+use super::{ActionKind, Settings, url_list};
 use crate::topology::LadderError;
 
 /// A setting that cannot work: its key (as in `config/default.toml`) and why.
@@ -290,6 +291,13 @@ impl Settings {
             Ok(_) => {}
             Err(e @ LadderError::Levels(_)) => return invalid("topology.levels", e.to_string()),
             Err(e @ LadderError::Prefix(_)) => return invalid("topology.prefix", e.to_string()),
+        }
+        positive("topology.replicas", u64::from(self.topology.replicas))?;
+        if url_list(self.amqp.url.expose_secret()).next().is_none() {
+            return invalid(
+                "amqp.url",
+                "names no broker (one URL, or several comma-separated)",
+            );
         }
         positive(
             "publisher.max_in_flight",
@@ -590,6 +598,16 @@ mod tests {
                 "ceiling",
             ),
             (|s| s.topology.levels = 0, "topology.levels", "levels"),
+            (
+                |s| s.topology.replicas = 0,
+                "topology.replicas",
+                "at least 1",
+            ),
+            (
+                |s| s.amqp.url = " , ".to_owned().into(),
+                "amqp.url",
+                "no broker",
+            ),
             (|s| s.topology.levels = 40, "topology.levels", "levels"),
             (
                 |s| s.topology.prefix = "a b".into(),

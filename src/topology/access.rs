@@ -100,7 +100,8 @@ impl Access {
             read: String::new(),
         };
 
-        let part = Topology::consumer_part(ladder);
+        // Only the names are read: the placement settings do not matter here.
+        let part = Topology::consumer_part(ladder, &crate::Settings::default().topology);
         let declared: Vec<String> = part
             .exchanges
             .iter()

@@ -1,16 +1,19 @@
 //! Declaring the [`Topology`] on a broker (and removing a throw-away one), every
 //! call bounded by `amqp.timeout_ms`.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use lapin::options::{
     ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Channel, ExchangeKind};
+use lapin::{Channel, Connection, ExchangeKind};
 use thiserror::Error;
 
-use super::describe::{Arg, Binding, Destination, Exchange, ExchangeType, Queue, Topology};
+use super::describe::{
+    Arg, Binding, Destination, Exchange, ExchangeType, PLACEMENT_ARGS, Queue, Topology,
+};
 use super::guard;
 use super::ladder::LadderError;
 use crate::Settings;
@@ -47,14 +50,48 @@ pub enum TopologyError {
     },
 }
 
+/// A queue that exists with other placement arguments
+/// (`x-quorum-initial-group-size`, `x-queue-leader-locator`) than the settings
+/// give: declared before `topology.replicas` existed, or with another value.
+/// Queue arguments cannot change, and a queue placed otherwise still works, so
+/// it is kept as it is (the other arguments still checked where the broker
+/// lets us), and reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptQueue {
+    /// The queue.
+    pub name: String,
+    /// What the broker said about it (its PRECONDITION_FAILED reply).
+    pub reason: String,
+}
+
+impl KeptQueue {
+    /// What to do about a kept queue, for the warning that reports it.
+    pub const ADVICE: &'static str = "queue kept with the placement it was declared with (queue arguments cannot change); to replicate it on more nodes run `rabbitmq-queues grow <node> all`, to spread leaders `rabbitmq-queues rebalance quorum` (README, Running on a cluster)";
+}
+
 impl Topology {
     /// Connects with `settings` (as `connection_name`), declares the full
     /// topology they describe and disconnects: `topology apply`, the demo, the
-    /// benchmarks and the tests all set up a broker this one way.
+    /// benchmarks and the tests all set up a broker this one way. Queues kept
+    /// with other placement arguments are logged; [`Self::declare_keeping`]
+    /// returns them.
     pub async fn declare(
         settings: &Settings,
         connection_name: &str,
     ) -> Result<Self, TopologyError> {
+        let (topology, kept) = Self::declare_keeping(settings, connection_name).await?;
+        for k in &kept {
+            tracing::warn!(queue = %k.name, broker = %k.reason, "{}", KeptQueue::ADVICE);
+        }
+        Ok(topology)
+    }
+
+    /// [`Self::declare`], returning the queues kept with other placement
+    /// arguments ([`KeptQueue`]) instead of logging them.
+    pub async fn declare_keeping(
+        settings: &Settings,
+        connection_name: &str,
+    ) -> Result<(Self, Vec<KeptQueue>), TopologyError> {
         let ladder = settings.ladder()?;
         let topology = Self::describe(&ladder, &settings.topology);
         let timeout = settings.amqp.timeout;
@@ -71,10 +108,7 @@ impl Topology {
                 }
                 _ => {}
             }
-            let channel =
-                amqp::bounded("channel.open", timeout, connection.create_channel()).await?;
-            topology.apply(&channel, timeout).await?;
-            Ok(())
+            Ok(topology.apply_on(&connection, timeout).await?)
         }
         .await;
         let _ = amqp::bounded(
@@ -83,8 +117,75 @@ impl Topology {
             connection.close(200, "declared".into()),
         )
         .await;
-        declared?;
-        Ok(topology)
+        Ok((topology, declared?))
+    }
+
+    /// Declares everything on channels of `connection`, keeping a queue that
+    /// exists with other placement arguments ([`KeptQueue`], returned). Any
+    /// other difference is an error, as with [`Self::apply`]. The broker
+    /// answers a re-declare with other arguments by closing the channel, so a
+    /// fresh one is opened after each such answer; the last is closed at the end.
+    pub async fn apply_on(
+        &self,
+        connection: &Connection,
+        timeout: Duration,
+    ) -> Result<Vec<KeptQueue>, BrokerError> {
+        let open = || amqp::bounded("channel.open", timeout, connection.create_channel());
+        let mut channel = open().await?;
+        for exchange in &self.exchanges {
+            declare_exchange(&channel, exchange, timeout).await?;
+        }
+        let mut kept = Vec::new();
+        for queue in &self.queues {
+            let mut arguments = queue.arguments.clone();
+            let mut reasons: Vec<String> = Vec::new();
+            loop {
+                let error =
+                    match declare_queue_with(&channel, &queue.name, &arguments, timeout).await {
+                        Ok(()) => break,
+                        Err(error) => error,
+                    };
+                let Some(key) = differing_placement(&error) else {
+                    return Err(error);
+                };
+                channel = open().await?;
+                reasons.push(error.to_string());
+                if arguments.remove(key).is_none() {
+                    // The queue has another explicit value than ours, which
+                    // AMQP cannot read back: it exists (passive), and is kept.
+                    let passive = QueueDeclareOptions {
+                        passive: true,
+                        ..QueueDeclareOptions::durable()
+                    };
+                    let name = queue.name.as_str();
+                    let declaring =
+                        channel.queue_declare(name.into(), passive, FieldTable::default());
+                    amqp::bounded(
+                        format!("declaring queue {name} (passive)"),
+                        timeout,
+                        declaring,
+                    )
+                    .await?;
+                    break;
+                }
+            }
+            if !reasons.is_empty() {
+                kept.push(KeptQueue {
+                    name: queue.name.clone(),
+                    reason: reasons.join("; "),
+                });
+            }
+        }
+        for binding in &self.bindings {
+            bind(&channel, binding, timeout).await?;
+        }
+        let _ = amqp::bounded(
+            "channel.close",
+            timeout,
+            channel.close(200, "declared".into()),
+        )
+        .await;
+        Ok(kept)
     }
 
     /// Declares everything on `channel`. Idempotent: declaring an existing object
@@ -151,8 +252,16 @@ async fn declare_queue(
     queue: &Queue,
     timeout: Duration,
 ) -> Result<(), BrokerError> {
-    let name = queue.name.as_str();
-    let arguments = field_table(&queue.arguments);
+    declare_queue_with(channel, &queue.name, &queue.arguments, timeout).await
+}
+
+async fn declare_queue_with(
+    channel: &Channel,
+    name: &str,
+    arguments: &BTreeMap<String, Arg>,
+    timeout: Duration,
+) -> Result<(), BrokerError> {
+    let arguments = field_table(arguments);
     let declaring = channel.queue_declare(name.into(), QueueDeclareOptions::durable(), arguments);
     amqp::bounded(format!("declaring queue {name}"), timeout, declaring)
         .await
@@ -185,7 +294,22 @@ async fn bind(channel: &Channel, b: &Binding, timeout: Duration) -> Result<(), B
     }
 }
 
-fn field_table(arguments: &std::collections::BTreeMap<String, Arg>) -> FieldTable {
+/// The placement argument a refused queue declare names, if that is why it was
+/// refused: `PRECONDITION_FAILED - inequivalent arg 'x-queue-leader-locator' ...`.
+fn differing_placement(error: &BrokerError) -> Option<&'static str> {
+    let BrokerError::Failed { source, .. } = error else {
+        return None;
+    };
+    if !amqp::is_precondition_failed(source) {
+        return None;
+    }
+    let text = source.to_string();
+    PLACEMENT_ARGS
+        .into_iter()
+        .find(|key| text.contains(&format!("inequivalent arg '{key}'")))
+}
+
+fn field_table(arguments: &BTreeMap<String, Arg>) -> FieldTable {
     let mut table = FieldTable::default();
     for (key, value) in arguments {
         let value = match value {

@@ -72,7 +72,7 @@ pub struct Topology {
 impl Topology {
     /// The full topology: ladder levels, due exchange and queue, parked exchange and queue.
     pub fn describe(ladder: &Ladder, settings: &TopologySettings) -> Self {
-        let mut topology = Self::consumer_part(ladder);
+        let mut topology = Self::consumer_part(ladder, settings);
         for level in (0..ladder.levels()).rev() {
             let name = ladder.level_name(level);
             topology.exchanges.push(Exchange {
@@ -101,8 +101,10 @@ impl Topology {
 
     /// What the consumer needs and re-declares after every reconnect: the due and
     /// parked exchanges and queues. It does not touch the ladder.
-    pub fn consumer_part(ladder: &Ladder) -> Self {
-        let quorum = BTreeMap::from([("x-queue-type".to_owned(), Arg::Str("quorum".to_owned()))]);
+    pub fn consumer_part(ladder: &Ladder, settings: &TopologySettings) -> Self {
+        let mut quorum =
+            BTreeMap::from([("x-queue-type".to_owned(), Arg::Str("quorum".to_owned()))]);
+        quorum.extend(placement(settings.replicas));
         let exchange = |name, kind| Exchange { name, kind };
         let queue = |name| Queue {
             name,
@@ -146,6 +148,32 @@ impl fmt::Display for Topology {
     }
 }
 
+/// Queue arguments that only say where a quorum queue's replicas and leader
+/// go. The broker refuses to re-declare a queue with other values for them
+/// (PRECONDITION_FAILED) like for any argument, but a queue placed otherwise
+/// still works: [`Topology::apply_on`] keeps such a queue and reports it.
+pub(crate) const PLACEMENT_ARGS: [&str; 2] =
+    ["x-quorum-initial-group-size", "x-queue-leader-locator"];
+
+/// Where a quorum queue's replicas and leader go on a cluster:
+/// - `x-quorum-initial-group-size = replicas` (`topology.replicas`). A group
+///   larger than the cluster is clamped by the broker (RabbitMQ 3.10 and 4.0:
+///   3 on a single node gives one member, 5 on three nodes gives three), so
+///   the default 3 suits a single node as well as a cluster of three or more.
+/// - `x-queue-leader-locator = balanced`: leaders spread over the nodes
+///   (RabbitMQ 3.10+). Without it every queue gets its leader on the node
+///   that declared it, so that node alone carries every level's dead-letter
+///   work (measured on three 4.0.5 nodes: 24 queues 24/0/0 without, 8/8/8 with).
+fn placement(replicas: u16) -> [(String, Arg); 2] {
+    [
+        (PLACEMENT_ARGS[0].to_owned(), Arg::Int(i64::from(replicas))),
+        (
+            PLACEMENT_ARGS[1].to_owned(),
+            Arg::Str("balanced".to_owned()),
+        ),
+    ]
+}
+
 fn holding_queue(ladder: &Ladder, settings: &TopologySettings, level: u8, name: String) -> Queue {
     let ttl = i64::try_from(Ladder::level_ttl_ms(level)).unwrap_or(i64::MAX);
     let mut arguments = BTreeMap::from([
@@ -173,6 +201,9 @@ fn holding_queue(ladder: &Ladder, settings: &TopologySettings, level: u8, name: 
             "x-dead-letter-strategy".to_owned(),
             Arg::Str("at-least-once".to_owned()),
         );
+    }
+    if settings.queue_type == QueueType::Quorum {
+        arguments.extend(placement(settings.replicas));
     }
     if settings.max_length > 0 {
         let max = i64::try_from(settings.max_length).unwrap_or(i64::MAX);
@@ -222,6 +253,32 @@ mod tests {
     }
 
     #[test]
+    fn every_quorum_queue_gets_the_replicas_and_a_balanced_leader() {
+        let ladder = Ladder::new("orders", 4).unwrap();
+        let five = TopologySettings {
+            replicas: 5,
+            ..settings(QueueType::Quorum)
+        };
+        let t = Topology::describe(&ladder, &five);
+        assert_eq!(t.queues.len(), 6, "levels, due and parked");
+        for q in &t.queues {
+            assert_eq!(q.arguments["x-queue-type"], Arg::Str("quorum".into()));
+            assert_eq!(q.arguments["x-quorum-initial-group-size"], Arg::Int(5));
+            assert_eq!(
+                q.arguments["x-queue-leader-locator"],
+                Arg::Str("balanced".into()),
+                "{}",
+                q.name
+            );
+        }
+        let default = Topology::describe(&ladder, &settings(QueueType::Quorum));
+        assert_eq!(
+            default.queues[0].arguments["x-quorum-initial-group-size"],
+            Arg::Int(3)
+        );
+    }
+
+    #[test]
     fn classic_holding_queues_have_no_at_least_once_strategy() {
         let ladder = Ladder::new("orders", 4).unwrap();
         let t = Topology::describe(&ladder, &settings(QueueType::Classic));
@@ -229,6 +286,7 @@ mod tests {
         assert_eq!(q.arguments["x-queue-type"], Arg::Str("classic".into()));
         assert_eq!(q.arguments["x-overflow"], Arg::Str("reject-publish".into()));
         assert!(!q.arguments.contains_key("x-dead-letter-strategy"));
+        assert!(!q.arguments.contains_key("x-quorum-initial-group-size"));
     }
 
     #[test]

@@ -16,7 +16,7 @@ mod guard;
 mod ladder;
 
 pub use self::access::{CONSUMER_USER, PUBLISHER_USER};
-pub use self::declare::TopologyError;
+pub use self::declare::{KeptQueue, TopologyError};
 pub use self::definitions::definitions_json;
 pub use self::describe::Topology;
 pub use self::ladder::{DelayTooLong, Ladder, LadderError, Route};

@@ -12,6 +12,7 @@ mod dependencies;
 mod deploy_users;
 mod docs;
 mod extensions;
+mod failover;
 mod http;
 mod https;
 mod insert_race;

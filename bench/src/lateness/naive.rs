@@ -26,7 +26,7 @@ pub(super) fn hold_queue(naive: &Settings) -> String {
 /// queue dead-lettering into the due exchange.
 pub(super) async fn declare(channel: &Channel, naive: &Settings) -> anyhow::Result<()> {
     let ladder = naive.ladder()?;
-    Topology::consumer_part(&ladder)
+    Topology::consumer_part(&ladder, &naive.topology)
         .apply(channel, naive.amqp.timeout)
         .await?;
     let mut args = FieldTable::default();
@@ -44,7 +44,7 @@ pub(super) async fn declare(channel: &Channel, naive: &Settings) -> anyhow::Resu
 /// Deletes what [`declare`] made.
 pub(super) async fn remove(channel: &Channel, naive: &Settings) {
     if let Ok(ladder) = naive.ladder() {
-        Topology::consumer_part(&ladder)
+        Topology::consumer_part(&ladder, &naive.topology)
             .remove(channel, naive.amqp.timeout)
             .await;
     }

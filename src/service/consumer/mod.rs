@@ -49,7 +49,7 @@ use super::http::Readiness;
 use crate::publisher::OrderId;
 use crate::settings::{AmqpSettings, ConsumerSettings, Settings};
 use crate::telemetry::RECONNECTS_TOTAL;
-use crate::topology::{Ladder, LadderError};
+use crate::topology::{Ladder, LadderError, Topology};
 
 /// What happened to one due message. Each is counted in
 /// `order_expiry_messages_total{outcome}`.
@@ -142,6 +142,9 @@ pub struct Consumer<A> {
     settings: ConsumerSettings,
     amqp: AmqpSettings,
     ladder: Ladder,
+    /// What the consumer declares after every (re)connect: the due and parked
+    /// queues with `topology.replicas`, their exchanges and bindings.
+    own_part: Topology,
     /// `publisher.lead_ms`, for messages the consumer sends through the ladder again.
     lead: Duration,
     work: Arc<Work<A>>,
@@ -176,6 +179,7 @@ impl<A: Action> Consumer<A> {
             settings: settings.consumer.clone(),
             amqp: settings.amqp.clone(),
             ladder: settings.ladder()?,
+            own_part: Topology::consumer_part(&settings.ladder()?, &settings.topology),
             lead: settings.publisher.lead,
             work: Arc::new(Work {
                 action,

@@ -7,11 +7,10 @@
 
 use tracing::warn;
 
-use super::session::{Session, SessionError, subscribe};
+use super::session::{Session, SessionError, subscribe, warn_kept};
 use crate::service::CONSUMER;
 use crate::service::action::Action;
 use crate::telemetry::REPAIRS_TOTAL;
-use crate::topology::Topology;
 
 impl<A: Action> Session<'_, A> {
     /// Re-declares the consumer's part of the topology; `what` was found
@@ -19,9 +18,13 @@ impl<A: Action> Session<'_, A> {
     /// unroutable).
     pub(super) async fn repair(&mut self, what: &'static str) -> Result<(), SessionError> {
         let ladder = &self.consumer.ladder;
-        Topology::consumer_part(ladder)
-            .apply(&self.channel, self.consumer.amqp.timeout)
+        let timeout = self.consumer.amqp.timeout;
+        let kept = self
+            .consumer
+            .own_part
+            .apply_on(&self.connection, timeout)
             .await?;
+        warn_kept(&kept);
         metrics::counter!(REPAIRS_TOTAL.name, "what" => what).increment(1);
         warn!(target: CONSUMER, what, due = %ladder.due_queue(), parked = %ladder.parked_queue(),
             "re-declared the consumer's queues, exchanges and bindings");

@@ -23,7 +23,7 @@ use thiserror::Error;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::time::DelayQueue;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::acks::{AckTracker, State};
 use super::arrival::{Arrival, on_arrival};
@@ -35,7 +35,7 @@ use crate::service::CONSUMER;
 use crate::service::action::Action;
 use crate::service::backoff::Backoff;
 use crate::telemetry::HELD_TOTAL;
-use crate::topology::{Ladder, Topology};
+use crate::topology::{KeptQueue, Ladder};
 
 /// Why a session ended.
 #[derive(Debug, Error)]
@@ -120,16 +120,30 @@ impl<'a, A: Action> Session<'a, A> {
         let tls = TlsFiles::from_settings(amqp);
         let name = "order-expiry consumer";
         let connection = amqp::connect(&amqp.url, &tls, name, timeout).await?;
-        let channel = amqp::bounded("channel.open", timeout, connection.create_channel()).await?;
-        Topology::consumer_part(&consumer.ladder)
-            .apply(&channel, timeout)
-            .await?;
-        let qos = channel.basic_qos(settings.prefetch, BasicQosOptions::default());
-        amqp::bounded("basic.qos", timeout, qos).await?;
-        let outbound = amqp::bounded("channel.open", timeout, connection.create_channel()).await?;
-        let confirms = outbound.confirm_select(ConfirmSelectOptions::default());
-        amqp::bounded("confirm.select", timeout, confirms).await?;
-        let (deliveries, tag) = subscribe(&channel, &consumer.ladder, timeout).await?;
+        // Everything after the connect closes the connection when it fails (a
+        // node without its quorum answers the connect, then times out a declare).
+        let set_up = async {
+            let channel =
+                amqp::bounded("channel.open", timeout, connection.create_channel()).await?;
+            let kept = consumer.own_part.apply_on(&connection, timeout).await?;
+            warn_kept(&kept);
+            let qos = channel.basic_qos(settings.prefetch, BasicQosOptions::default());
+            amqp::bounded("basic.qos", timeout, qos).await?;
+            let outbound =
+                amqp::bounded("channel.open", timeout, connection.create_channel()).await?;
+            let confirms = outbound.confirm_select(ConfirmSelectOptions::default());
+            amqp::bounded("confirm.select", timeout, confirms).await?;
+            let (deliveries, tag) = subscribe(&channel, &consumer.ladder, timeout).await?;
+            Ok::<_, SessionError>((channel, outbound, deliveries, tag))
+        }
+        .await;
+        let (channel, outbound, deliveries, tag) = match set_up {
+            Ok(parts) => parts,
+            Err(error) => {
+                amqp::close_failed(&connection, timeout).await;
+                return Err(error);
+            }
+        };
         consumer.readiness.set_consuming(true);
         let queue = consumer.ladder.due_queue();
         info!(target: CONSUMER, queue = %queue, prefetch = settings.prefetch, "consuming");
@@ -312,6 +326,14 @@ pub(super) async fn subscribe(
     );
     let deliveries = amqp::bounded("basic.consume", timeout, consume).await?;
     Ok((deliveries, tag))
+}
+
+/// Logs each queue the broker holds with other placement arguments (declared
+/// before `topology.replicas`, or with another value): it is used as it is.
+pub(super) fn warn_kept(kept: &[KeptQueue]) {
+    for k in kept {
+        warn!(target: CONSUMER, queue = %k.name, broker = %k.reason, "{}", KeptQueue::ADVICE);
+    }
 }
 
 async fn sleep_until(at: Option<Instant>) {
