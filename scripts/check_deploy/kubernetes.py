@@ -19,7 +19,7 @@ import yaml
 
 from .common import (
     CONSUMER_USER, CONTAINER_UID, DEPLOY_README, K8S, PUBLISHER_USER, CheckFailed, check, definitions,
-    drain_timeout_s, listen_port, load_yaml_docs, read_text, require, topology_prefix,
+    default_settings, drain_timeout_s, listen_port, load_yaml_docs, read_text, require, topology_prefix,
 )
 from .rabbitmq import amqp_credentials, check_consumer_capabilities, check_login, imported, rabbitmq_conf
 
@@ -375,3 +375,42 @@ def k8s_rabbitmq_cluster():
         if user == CONSUMER_USER:
             check_consumer_capabilities(perms, topology_prefix(config), user)
     return f"{load}/ <- {' then '.join(name for name, _ in files)}"
+
+
+@check("kubernetes: the consumer's broker URLs name every node, the queues replicate over them")
+def k8s_cluster_clients():
+    """The consumer's ORDER_EXPIRY__AMQP__URL (a comma-separated list) names each
+    pod of the RabbitmqCluster once (`<name>-server-N.<name>-nodes`), as the
+    consumer user on the definitions' vhost; topology.replicas in the ConfigMap
+    is the cluster's size; every quorum queue of definitions.json has that group
+    size and a balanced leader locator (README, Running on a cluster)."""
+    cluster = k8s_one("RabbitmqCluster")
+    name, size = cluster["metadata"]["name"], cluster["spec"]["replicas"]
+    deployment = k8s_one("Deployment", "order-expiry")
+    env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0].get("env", [])}
+    ref = env["ORDER_EXPIRY__AMQP__URL"]["valueFrom"]["secretKeyRef"]
+    urls = [u.strip() for u in secret_keys(ref["name"])[ref["key"]].split(",") if u.strip()]
+    require(len(urls) == size, f"{ref['key']} lists {len(urls)} URLs, the cluster has {size} nodes")
+    pods = set()
+    vhosts = {v["name"] for v in definitions()["vhosts"]}
+    for url in urls:
+        user, _, host, vhost = amqp_credentials(url)
+        require(user == CONSUMER_USER, f"{ref['key']}: {host} uses {user!r}, not {CONSUMER_USER}")
+        require(vhost in vhosts, f"{ref['key']}: {host} names vhost {vhost!r}, not one of definitions.json")
+        labels = host.split(".")
+        require(len(labels) >= 2 and labels[1] == f"{name}-nodes",
+                f"{ref['key']}: {host} is not a pod of the headless Service {name}-nodes")
+        pods.add(labels[0])
+    want = {f"{name}-server-{i}" for i in range(size)}
+    require(pods == want, f"{ref['key']} names {sorted(pods)}, not every pod {sorted(want)}")
+    config = k8s_one("ConfigMap", "order-expiry-config")["data"]
+    replicas = int(config.get("ORDER_EXPIRY__TOPOLOGY__REPLICAS", default_settings()["topology"]["replicas"]))
+    require(replicas == size, f"topology.replicas {replicas} is not the cluster's {size} nodes")
+    quorum = [q for q in definitions()["queues"] if q["arguments"].get("x-queue-type") == "quorum"]
+    require(quorum, "definitions.json has no quorum queue")
+    for q in quorum:
+        args = q["arguments"]
+        require(args.get("x-quorum-initial-group-size") == replicas,
+                f"{q['name']}: x-quorum-initial-group-size {args.get('x-quorum-initial-group-size')}, not {replicas}")
+        require(args.get("x-queue-leader-locator") == "balanced", f"{q['name']}: leader locator is not balanced")
+    return f"{len(urls)} nodes of {name}, {len(quorum)} quorum queues with {replicas} replicas, balanced leaders"

@@ -57,7 +57,9 @@ pub enum ScheduleError {
         exchange: String,
     },
     /// The broker did not confirm in time; the message may or may not be held.
-    #[error("no publisher confirm within {0:?}")]
+    #[error(
+        "no publisher confirm within {0:?}; the broker may or may not hold the message (a slow or unreachable broker, or a cluster without its majority): schedule it again"
+    )]
     Timeout(Duration),
     /// The channel or connection failed while publishing.
     #[error("broker connection failed while publishing: {0}")]

@@ -1,0 +1,216 @@
+//! Where the queues live, and the publisher moving between nodes:
+//!
+//! - the default topology (22 levels, 24 queues) declared through one node has
+//!   its leaders spread over the three nodes and three members per queue, and
+//!   `topology.replicas = 1` gives one member;
+//! - a publisher whose node is killed (-9) with calls in flight: those calls
+//!   return an error, the caller's next calls are confirmed on another node,
+//!   and every order confirmed is cancelled.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use order_expiry_testkit::{at_ms, message, vhost};
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{
+    Call, ClusterWorld, NodesBack, ctl_any, kill, node_number, queues, rows, start,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leaders_spread_and_every_queue_has_the_replicas() {
+    let world = ClusterWorld::new("placement", 6).await;
+    let mut full = world.settings.clone();
+    full.topology.prefix = format!("{}-full", world.settings.topology.prefix);
+    full.topology.levels = 22;
+    world.declare(&full).await.expect("the default ladder");
+    let leaders = crate::support::leaders(&vhost(), &full.topology.prefix, "").await;
+    let members = queues(&vhost(), &full.topology.prefix, &["members"]).await;
+    eprintln!(
+        "FIGURES placement: 24 queues declared through one node, leaders per node {leaders:?}"
+    );
+    assert_eq!(leaders.iter().sum::<usize>(), 24, "{leaders:?}");
+    assert!(
+        leaders.iter().all(|&n| n >= 6),
+        "leaders spread over the nodes (balanced): {leaders:?}"
+    );
+    for (queue, fields) in &members {
+        assert_eq!(
+            fields[0].matches("rabbit4c").count(),
+            3,
+            "{queue}: {fields:?}"
+        );
+    }
+
+    let mut single = world.settings.clone();
+    single.topology.prefix = format!("{}-one", world.settings.topology.prefix);
+    single.topology.replicas = 1;
+    world.declare(&single).await.expect("replicas 1");
+    for (queue, fields) in queues(&vhost(), &single.topology.prefix, &["members"]).await {
+        assert_eq!(
+            fields[0].matches("rabbit4c").count(),
+            1,
+            "{queue}: {fields:?}"
+        );
+    }
+    world.cleanup().await;
+}
+
+/// The node of this process's publisher connection (named `order-expiry
+/// publisher`), from the connections' client properties.
+async fn publisher_node() -> Option<usize> {
+    let listing = ctl_any(&[
+        "list_connections",
+        "--no-table-headers",
+        "vhost",
+        "pid",
+        "client_properties",
+    ])
+    .await;
+    listing
+        .lines()
+        .filter(|l| {
+            l.starts_with(&format!("{}\t", vhost())) && l.contains("order-expiry publisher")
+        })
+        .find_map(|l| {
+            let pid = l.split('\t').nth(1)?;
+            node_number(pid.trim().trim_start_matches('<').split('.').next()?)
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_publisher_whose_node_dies_fails_the_calls_in_flight_then_confirms_on_another() {
+    let _back = NodesBack;
+    let world = ClusterWorld::new("publisher failover", 6).await;
+    let served = world.serve(1, &[]).await;
+    served.wait_ready(Duration::from_secs(30)).await;
+    let scheduler = Arc::new(world.scheduler_on(2, Duration::from_secs(5)));
+    scheduler.connect().await.expect("connected");
+    let node = publisher_node().await.expect("the publisher's connection");
+
+    // 16 callers, each scheduling one order after the other (due in 2 s).
+    let stop = CancellationToken::new();
+    let mut callers = Vec::new();
+    for task in 0..16 {
+        let (scheduler, store, stop) = (
+            Arc::clone(&scheduler),
+            Arc::clone(&world.store),
+            stop.clone(),
+        );
+        callers.push(tokio::spawn(async move {
+            let mut calls: Vec<(String, Call)> = Vec::new();
+            let mut n = 0;
+            while !stop.is_cancelled() {
+                n += 1;
+                let id = format!("p-{task}-{n}");
+                let due_at = message(&id, at_ms(2000)).due_at;
+                store.create_unpaid(&id, due_at).await.expect("insert");
+                let started = Instant::now();
+                let result = scheduler.schedule(id.as_str(), due_at).await;
+                let error = result.err().map(|e| e.to_string());
+                calls.push((
+                    id,
+                    Call {
+                        started,
+                        ended: Instant::now(),
+                        error,
+                    },
+                ));
+            }
+            calls
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let killed_at = Instant::now();
+    kill(node).await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let after = publisher_node().await;
+    stop.cancel();
+    let mut per_caller = Vec::new();
+    for caller in callers {
+        per_caller.push(caller.await.expect("caller"));
+    }
+    start(node).await;
+
+    let all: Vec<&(String, Call)> = per_caller.iter().flatten().collect();
+    let failed: Vec<&(String, Call)> = all
+        .iter()
+        .copied()
+        .filter(|(_, c)| c.error.is_some())
+        .collect();
+    let confirmed: Vec<&String> = all
+        .iter()
+        .filter(|(_, c)| c.error.is_none())
+        .map(|(id, _)| id)
+        .collect();
+    // For each caller: how many calls failed in a row after the kill, and how
+    // long until its first confirm after the kill.
+    let mut streaks = Vec::new();
+    let mut recoveries = Vec::new();
+    for calls in &per_caller {
+        let after_kill: Vec<&Call> = calls
+            .iter()
+            .map(|(_, c)| c)
+            .filter(|c| c.ended >= killed_at)
+            .collect();
+        let streak = after_kill.iter().take_while(|c| c.error.is_some()).count();
+        streaks.push(streak);
+        if let Some(ok) = after_kill.iter().find(|c| c.error.is_none()) {
+            recoveries.push(ok.ended.saturating_duration_since(killed_at));
+        }
+    }
+    let in_flight_failed = failed.iter().filter(|(_, c)| c.started < killed_at).count();
+    let errors: Vec<&str> = failed
+        .iter()
+        .filter_map(|(_, c)| c.error.as_deref())
+        .take(3)
+        .collect();
+
+    // Every confirmed order is cancelled (due 2 s after its call).
+    let deadline = Utc::now() + chrono::TimeDelta::seconds(30);
+    let mut uncancelled;
+    loop {
+        let rows = rows(&world).await;
+        uncancelled = confirmed
+            .iter()
+            .filter(|id| rows[id.as_str()].status != "cancelled")
+            .count();
+        if uncancelled == 0 || Utc::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let max_recovery = recoveries.iter().max().copied().unwrap_or_default();
+    eprintln!(
+        "FIGURES publisher failover: killed node {node} (the publisher's), then on node {after:?}; \
+         calls {}, confirmed {}, failed {} ({in_flight_failed} of them in flight at the kill), \
+         failures in a row per caller {streaks:?}, first confirm after the kill within {} ms for every caller; \
+         confirmed but not cancelled {uncancelled}; errors e.g. {errors:?}",
+        all.len(),
+        confirmed.len(),
+        failed.len(),
+        max_recovery.as_millis(),
+    );
+    assert!(
+        in_flight_failed >= 1,
+        "calls in flight when the node died fail"
+    );
+    assert!(
+        streaks.iter().all(|&n| n <= 1),
+        "after the failed call in flight, a caller's next call is confirmed: {streaks:?}"
+    );
+    assert!(
+        after.is_some_and(|n| n != node),
+        "the publisher moved: {after:?}"
+    );
+    assert_eq!(
+        recoveries.len(),
+        16,
+        "every caller was confirmed again after the kill"
+    );
+    assert!(max_recovery < Duration::from_secs(8), "{max_recovery:?}");
+    assert_eq!(uncancelled, 0, "every confirmed order was cancelled");
+    drop(served);
+    world.cleanup().await;
+}

@@ -1,0 +1,147 @@
+//! The cluster's nodes, driven through `scripts/lib/cluster.sh` (as `scripts/test`
+//! and a person would), each call bounded by `timeout`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// The nodes' AMQP ports, node 1 first.
+pub const PORTS: [u16; 3] = [5691, 5692, 5693];
+
+/// The node number (1-3) of `name` (`rabbit4c2@localhost` is 2).
+pub fn node_number(name: &str) -> Option<usize> {
+    let n = name
+        .strip_prefix("rabbit4c")?
+        .split('@')
+        .next()?
+        .parse()
+        .ok()?;
+    (1..=3).contains(&n).then_some(n)
+}
+
+fn script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/lib/cluster.sh")
+}
+
+/// Runs `scripts/lib/cluster.sh ARGS`, at most `limit`; its stdout, or why it failed.
+pub fn cluster_sh(args: &[&str], limit: Duration) -> Result<String, String> {
+    let out = Command::new("timeout")
+        .arg(limit.as_secs().to_string())
+        .arg(script())
+        .args(args)
+        .output()
+        .map_err(|e| format!("cluster.sh {args:?}: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if out.status.success() {
+        Ok(stdout)
+    } else {
+        Err(format!(
+            "cluster.sh {args:?} exited {:?}: {stdout}{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// [`cluster_sh`] in a blocking task, panicking on failure.
+async fn cluster(args: Vec<String>, limit: Duration) -> String {
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        cluster_sh(&args, limit).unwrap_or_else(|e| panic!("{e}"))
+    })
+    .await
+    .expect("cluster.sh task")
+}
+
+/// `kill -9` of node `n`'s beam.
+pub async fn kill(n: usize) {
+    cluster(vec!["kill".into(), n.to_string()], Duration::from_secs(30)).await;
+}
+
+/// Graceful stop of node `n` (the whole node).
+pub async fn stop(n: usize) {
+    cluster(vec!["stop".into(), n.to_string()], Duration::from_secs(90)).await;
+}
+
+/// Starts node `n` again and waits until it runs and is a member; returns when.
+pub async fn start(n: usize) -> Instant {
+    cluster(
+        vec!["start".into(), n.to_string()],
+        Duration::from_secs(180),
+    )
+    .await;
+    Instant::now()
+}
+
+/// `rabbitmqctl -q ARGS` on node `n`.
+pub async fn ctl(n: usize, args: &[&str]) -> Result<String, String> {
+    let mut all = vec!["ctl".to_owned(), n.to_string(), "-q".to_owned()];
+    all.extend(args.iter().map(|a| (*a).to_owned()));
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = all.iter().map(String::as_str).collect();
+        cluster_sh(&args, Duration::from_secs(60))
+    })
+    .await
+    .expect("cluster.sh task")
+}
+
+/// `rabbitmqctl -q ARGS` on the first node that answers.
+pub async fn ctl_any(args: &[&str]) -> String {
+    let mut errors = Vec::new();
+    for n in 1..=3 {
+        match ctl(n, args).await {
+            Ok(out) => return out,
+            Err(e) => errors.push(e),
+        }
+    }
+    panic!("no node answered {args:?}: {errors:?}")
+}
+
+/// Queue name -> column values of `list_queues -p vhost name COLUMNS`, for the
+/// queues of `prefix`.
+pub async fn queues(vhost: &str, prefix: &str, columns: &[&str]) -> BTreeMap<String, Vec<String>> {
+    let mut args = vec!["list_queues", "-p", vhost, "--no-table-headers", "name"];
+    args.extend(columns);
+    let listing = ctl_any(&args).await;
+    listing
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split('\t');
+            let name = fields.next()?.trim();
+            name.starts_with(&format!("{prefix}.")).then(|| {
+                (
+                    name.to_owned(),
+                    fields.map(|f| f.trim().to_owned()).collect(),
+                )
+            })
+        })
+        .collect()
+}
+
+/// How many of the queues of `prefix` whose name contains `part` each node
+/// leads: `[node 1, node 2, node 3]`.
+pub async fn leaders(vhost: &str, prefix: &str, part: &str) -> [usize; 3] {
+    let mut counts = [0; 3];
+    for (name, fields) in queues(vhost, prefix, &["leader"]).await {
+        if let Some(n) = fields.first().and_then(|f| node_number(f))
+            && name.contains(part)
+        {
+            counts[n - 1] += 1;
+        }
+    }
+    counts
+}
+
+/// Starts every node that is not running when dropped (a scenario that failed
+/// midway), so that the next one finds three nodes.
+#[derive(Debug)]
+pub struct NodesBack;
+
+impl Drop for NodesBack {
+    fn drop(&mut self) {
+        if let Err(e) = cluster_sh(&["up"], Duration::from_secs(240)) {
+            eprintln!("bringing the nodes back failed: {e}");
+        }
+    }
+}

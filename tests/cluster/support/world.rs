@@ -1,0 +1,142 @@
+//! A test world on the cluster: the shared isolated world of
+//! `order_expiry_testkit` (its prefix in the test vhost, its schema), with its
+//! topology declared through the list of the three nodes' URLs, and `serve`
+//! processes started on a chosen node.
+
+use std::ops::Deref;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use order_expiry::Scheduler;
+use order_expiry_testkit::{Served, vhost};
+use secrecy::SecretString;
+
+use super::nodes::PORTS;
+
+/// The URL of node `n` (1-3) in the test vhost.
+pub fn node_url(n: usize) -> String {
+    let vhost = vhost().replace('%', "%25").replace('/', "%2f");
+    format!("amqp://guest:guest@127.0.0.1:{}/{vhost}", PORTS[n - 1])
+}
+
+/// The three nodes' URLs, comma-separated, node `first` first (then the others
+/// in order): a process given it connects to `first` when that node runs.
+pub fn url_list(first: usize) -> String {
+    (0..3)
+        .map(|i| node_url((first - 1 + i) % 3 + 1))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// One scenario's world on the cluster; derefs to the shared world.
+pub struct ClusterWorld {
+    world: order_expiry_testkit::World,
+    logs: PathBuf,
+}
+
+impl Deref for ClusterWorld {
+    type Target = order_expiry_testkit::World;
+
+    fn deref(&self) -> &Self::Target {
+        &self.world
+    }
+}
+
+impl ClusterWorld {
+    /// A world with `levels` ladder levels, its topology declared through the
+    /// URL list (node 1 first); its admin link is on node 1.
+    pub async fn new(name: &'static str, levels: u8) -> Self {
+        let mut world = order_expiry_testkit::World::builder()
+            .amqp_url(&node_url(1))
+            .kind("cluster")
+            .levels(levels)
+            .declare(false)
+            .build()
+            .await
+            .unwrap_or_else(|e| {
+                panic!("a world on the cluster (is it up? scripts/lib/cluster.sh up): {e:#}")
+            });
+        world.settings.amqp.url = SecretString::from(url_list(1));
+        world.settings.amqp.reconnect_max = Duration::from_millis(500);
+        let settings = world.settings.clone();
+        world
+            .declare(&settings)
+            .await
+            .expect("topology on the cluster");
+        let logs = std::env::temp_dir().join(format!("order-expiry-cluster-{}", world.id));
+        std::fs::create_dir_all(&logs).expect("log dir");
+        eprintln!(
+            "scenario {name:?}: prefix {}, schema {}, service logs in {}",
+            world.settings.topology.prefix,
+            world.schema(),
+            logs.display()
+        );
+        Self { world, logs }
+    }
+
+    /// Starts `order-expiry serve` connected to node `first` (the URL list with
+    /// that node first); `env` adds variables. The outbox relay is off, so the
+    /// consumer's session is the process's only broker connection, and so on
+    /// `first` while it runs.
+    pub async fn serve(&self, first: usize, env: &[(&str, &str)]) -> Served {
+        let n = std::fs::read_dir(&self.logs).map_or(0, |d| d.count());
+        let log = self.logs.join(format!("serve-{n}-node{first}.log"));
+        let binary = std::path::Path::new(env!("CARGO_BIN_EXE_order-expiry"));
+        let urls = url_list(first);
+        let mut all = vec![
+            ("ORDER_EXPIRY__AMQP__URL", urls.as_str()),
+            ("ORDER_EXPIRY__AMQP__RECONNECT_MAX_MS", "500"),
+            ("ORDER_EXPIRY__OUTBOX__ENABLED", "false"),
+        ];
+        all.extend_from_slice(env);
+        Served::start(binary, &self.settings, &all, log).await
+    }
+
+    /// A publisher on the URL list with node `first` first, each confirm
+    /// bounded by `timeout`.
+    pub fn scheduler_on(&self, first: usize, timeout: Duration) -> Scheduler {
+        let mut settings = self.settings.clone();
+        settings.amqp.url = SecretString::from(url_list(first));
+        settings.amqp.timeout = timeout;
+        Scheduler::from_settings(&settings).expect("scheduler")
+    }
+
+    /// `[node 1, node 2, node 3]`: how many of this world's queues whose name
+    /// contains `part` each node leads.
+    pub async fn leaders(&self, part: &str) -> [usize; 3] {
+        super::nodes::leaders(&vhost(), &self.settings.topology.prefix, part).await
+    }
+
+    /// The nodes the consumers of the due queue are connected to (one entry per
+    /// consumer), from their channels' process ids.
+    pub async fn due_consumer_nodes(&self) -> Vec<usize> {
+        let listing = super::nodes::ctl_any(&[
+            "list_consumers",
+            "-p",
+            &vhost(),
+            "--no-table-headers",
+            "queue_name",
+            "channel_pid",
+        ])
+        .await;
+        let due = self.ladder().due_queue();
+        listing
+            .lines()
+            .filter_map(|line| {
+                let (queue, pid) = line.split_once('\t')?;
+                (queue.trim() == due).then_some(())?;
+                let node = pid.trim().trim_start_matches('<').split('.').next()?;
+                super::nodes::node_number(node)
+            })
+            .collect()
+    }
+
+    /// Deletes the world (queues, exchanges, schema) and its logs unless
+    /// `CLUSTER_KEEP_LOGS` is set.
+    pub async fn cleanup(self) {
+        self.world.cleanup().await;
+        if std::env::var_os("CLUSTER_KEEP_LOGS").is_none() {
+            let _ = std::fs::remove_dir_all(&self.logs);
+        }
+    }
+}
