@@ -65,7 +65,7 @@ prepare() {
     -e "s|^log.console = .*|log.console = false|" \
     -e "s|^log.file = .*|log.file.level = info|" \
     deploy/rabbitmq.conf >"$hostdir/rabbitmq.conf"
-  # The Erlang distribution listens on loopback only, as the other test nodes.
+  # The keys rewritten above must still be there, or the node would use the files' own ports.
   for key in listeners.tcp.default management.tcp.port prometheus.tcp.port load_definitions; do
     grep -q "^$key = " deploy/rabbitmq.conf || fail "deploy/rabbitmq.conf no longer sets $key (update this script)"
   done
