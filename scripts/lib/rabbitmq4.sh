@@ -326,6 +326,9 @@ log.file.level = info
 log.console = false
 EOF
   echo '[].' >"$dir/enabled_plugins"
+  # The dead-letter retry of deploy/rabbitmq/advanced.config, or RabbitMQ's
+  # stock settings (ORDER_EXPIRY_BROKER_SETTINGS, scripts/lib/services.sh).
+  broker_advanced_config >"$dir/advanced.config"
 }
 
 # Start NAME's beam in the background (detached from the caller's session)

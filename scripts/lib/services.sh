@@ -7,6 +7,34 @@ die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
+# Runs a command that may leave a daemon behind (a broker, epmd, PostgreSQL)
+# with every descriptor above stderr closed. scripts/test holds its locks on
+# fds 8 and 9 without close-on-exec: a daemon started with them open holds the
+# lock for as long as it runs, and every later run waits for it forever (seen:
+# a RabbitMQ node restarted by one run held /tmp/order-expiry-services.lock).
+without_locks() {
+  local fd
+  for fd in /proc/$BASHPID/fd/*; do
+    fd=${fd##*/}
+    [[ $fd -gt 2 ]] && eval "exec $fd>&-"
+  done 2>/dev/null
+  "$@"
+}
+
+# Daemons (beam.smp, epmd, postgres) that hold one of scripts/test's lock
+# files open: "PID COMMAND" per line, nothing when none does.
+lock_holding_daemons() {
+  local fd target pid cmd
+  for fd in /proc/[0-9]*/fd/*; do
+    target=$(readlink "$fd" 2>/dev/null) || continue
+    [[ $target == /tmp/order-expiry-*.lock ]] || continue
+    pid=${fd#/proc/}
+    pid=${pid%%/*}
+    cmd=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | cut -c1-60)
+    case "$cmd" in *beam.smp* | *epmd* | *postgres*) echo "$pid $target $cmd" ;; esac
+  done | sort -u
+}
+
 wait_port() {
   local port=$1 what=$2
   for _ in $(seq 1 60); do
@@ -32,7 +60,7 @@ ensure_postgres() {
   log "starting PostgreSQL"
   local version
   version=$(ls /etc/postgresql | sort -V | tail -1)
-  pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+  (without_locks pg_ctlcluster --skip-systemctl-redirect "$version" main start) || true
   wait_port 5432 PostgreSQL
 }
 
@@ -56,6 +84,7 @@ ensure_postgres_access() {
 ensure_rabbitmq() {
   command -v rabbitmq-server >/dev/null || apt_install rabbitmq-server
   ensure_rabbitmq_fd_limit_conf
+  ensure_rabbitmq_advanced_config
   if port_open 5672; then return 0; fi
   if rabbitmq_system_pid >/dev/null; then
     # The node runs without its app: another run's fault test may have stopped
@@ -69,7 +98,7 @@ ensure_rabbitmq() {
     timeout 120 rabbitmqctl -q start_app >/dev/null 2>&1 || restart_rabbitmq
   else
     log "starting RabbitMQ"
-    rabbitmq-server -detached || true
+    (without_locks rabbitmq-server -detached) || true
   fi
   wait_port 5672 RabbitMQ
   rabbitmqctl await_startup >/dev/null 2>&1 || true
@@ -97,6 +126,58 @@ ensure_rabbitmq_fd_limit_conf() {
 # declare, vhost change or status call hangs. Raise the soft limit to the hard one.
 ulimit -S -n "\$(ulimit -H -n)" 2>/dev/null || true
 EOF
+}
+
+# The broker settings the tests run on, ORDER_EXPIRY_BROKER_SETTINGS:
+# - deployed (the default): deploy/rabbitmq/advanced.config, which
+#   docker-compose.yml and the RabbitmqCluster ship: a ladder level whose
+#   dead-letter worker stalled at boot retries after 5 s;
+# - stock: RabbitMQ's defaults (the retry after 180 s), to measure what a
+#   broker without that file does (README, Through broker restarts).
+# scripts/lib/rabbitmq4.sh writes the same into every 4.0 node's config.
+ORDER_EXPIRY_BROKER_SETTINGS=${ORDER_EXPIRY_BROKER_SETTINGS:-deployed}
+_services_repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+DEPLOYED_ADVANCED_CONFIG=$_services_repo/deploy/rabbitmq/advanced.config
+RABBITMQ_ADVANCED_CONFIG=/etc/rabbitmq/advanced.config
+
+# advanced.config for a node: the deployed file, or `[].` for stock settings.
+broker_advanced_config() {
+  case $ORDER_EXPIRY_BROKER_SETTINGS in
+    deployed) cat "$DEPLOYED_ADVANCED_CONFIG" ;;
+    stock) echo '[].' ;;
+    *) die "ORDER_EXPIRY_BROKER_SETTINGS must be deployed or stock, not $ORDER_EXPIRY_BROKER_SETTINGS" ;;
+  esac
+}
+
+# What `rabbitmqctl eval` of the dead-letter retry says on a node that runs
+# the wanted settings: {ok,5000} (deployed) or undefined (stock).
+broker_dead_letter_retry_wanted() {
+  case $ORDER_EXPIRY_BROKER_SETTINGS in
+    deployed) echo "{ok,$(grep -o 'dead_letter_worker_publisher_confirm_timeout, *[0-9]*' "$DEPLOYED_ADVANCED_CONFIG" | grep -o '[0-9]*$')}" ;;
+    *) echo undefined ;;
+  esac
+}
+
+# What the node `rabbitmqctl` (from PATH) reaches runs with.
+broker_dead_letter_retry() {
+  timeout 60 rabbitmqctl -q eval 'application:get_env(rabbit, dead_letter_worker_publisher_confirm_timeout).' 2>/dev/null
+}
+
+# The system node's /etc/rabbitmq/advanced.config, for the wanted settings; a
+# file this script did not write is left alone (the tests then read what the
+# node runs with and hold it to that: tests/faults/broker_restart.rs).
+ensure_rabbitmq_advanced_config() {
+  local mark="%% $RABBITMQ_FD_MARK: ORDER_EXPIRY_BROKER_SETTINGS=$ORDER_EXPIRY_BROKER_SETTINGS"
+  if [[ -f $RABBITMQ_ADVANCED_CONFIG ]] && ! grep -qF "%% $RABBITMQ_FD_MARK" "$RABBITMQ_ADVANCED_CONFIG"; then
+    log "$RABBITMQ_ADVANCED_CONFIG was not written by scripts/test: left as it is"
+    return 0
+  fi
+  grep -qxF "$mark" "$RABBITMQ_ADVANCED_CONFIG" 2>/dev/null && return 0
+  [[ -w $(dirname "$RABBITMQ_ADVANCED_CONFIG") ]] || { log "cannot write $RABBITMQ_ADVANCED_CONFIG: RabbitMQ keeps its settings"; return 0; }
+  log "RabbitMQ's $RABBITMQ_ADVANCED_CONFIG: $ORDER_EXPIRY_BROKER_SETTINGS settings"
+  { echo "$mark"; broker_advanced_config; } >"$RABBITMQ_ADVANCED_CONFIG.new"
+  chmod 644 "$RABBITMQ_ADVANCED_CONFIG.new"
+  mv "$RABBITMQ_ADVANCED_CONFIG.new" "$RABBITMQ_ADVANCED_CONFIG"
 }
 
 # The running system node's soft open-files limit.
@@ -151,7 +232,7 @@ restart_rabbitmq() {
     kill -9 "$pid" 2>/dev/null || true
     sleep 2
   fi
-  rabbitmq-server -detached || true
+  (without_locks rabbitmq-server -detached) || true
   wait_port 5672 RabbitMQ
   timeout 120 rabbitmqctl -q await_startup >/dev/null 2>&1 || die "RabbitMQ did not start within 120 s"
 }
@@ -164,6 +245,13 @@ ensure_rabbitmq_healthy() {
   limit=$(rabbitmq_fd_limit) || limit=
   if [[ -n $limit && $limit -lt 4096 ]]; then
     log "RabbitMQ on 5672 runs with an open-files limit of $limit: restarting it with the raised limit"
+    restart_rabbitmq
+  fi
+  local retry wanted
+  retry=$(broker_dead_letter_retry) || retry="no answer"
+  wanted=$(broker_dead_letter_retry_wanted)
+  if [[ $retry != "$wanted" ]] && grep -qF "%% $RABBITMQ_FD_MARK" "$RABBITMQ_ADVANCED_CONFIG" 2>/dev/null; then
+    log "RabbitMQ on 5672 runs with dead_letter_worker_publisher_confirm_timeout $retry, not $wanted ($ORDER_EXPIRY_BROKER_SETTINGS settings): restarting it"
     restart_rabbitmq
   fi
   why=$(rabbitmq_probe) && return 0
