@@ -40,6 +40,12 @@ pub fn settings_env(s: &Settings) -> Vec<(String, String)> {
         ("DATABASE__URL", s.database.url.expose_secret().to_owned()),
         ("DATABASE__POOL_SIZE", s.database.pool_size.to_string()),
         ("HTTP__LISTEN", s.http.listen.clone()),
+        ("SWEEPER__ENABLED", s.sweeper.enabled.to_string()),
+        (
+            "SWEEPER__INTERVAL_MS",
+            s.sweeper.interval.as_millis().to_string(),
+        ),
+        ("SWEEPER__GRACE_MS", s.sweeper.grace.as_millis().to_string()),
     ]
     .into_iter()
     .map(|(k, v)| (format!("{ENV_PREFIX}__{k}"), v))

@@ -1,7 +1,9 @@
 //! A real local HTTP server standing in for an order service's expire endpoint
 //! (`POST /orders/{id}/expire`) and a payment gateway's check
 //! (`GET /orders/{id}/payment`): each order answers from a script, every
-//! request is recorded with its headers, body and arrival time.
+//! request is recorded with its headers, body and arrival time. As
+//! [`Endpoint::order_service`] it is a whole order service: an unscripted
+//! expire cancels the order in its orders table, as a real one would.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -12,6 +14,7 @@ use axum::body::Body;
 use axum::http::{Request as HttpRequest, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
+use order_expiry::PgOrderStore;
 use tokio_util::sync::CancellationToken;
 
 /// One scripted answer.
@@ -47,6 +50,8 @@ struct State {
     /// By `"<kind> <order id>"`: answered in order; the last one repeats.
     scripts: HashMap<String, VecDeque<Reply>>,
     requests: Vec<Request>,
+    /// The orders table an unscripted expire cancels in ([`Endpoint::order_service`]).
+    orders: Option<Arc<PgOrderStore>>,
 }
 
 /// The server; stops when dropped.
@@ -63,6 +68,18 @@ impl Endpoint {
     /// (expire) or `{"status":"unpaid"}` (payment).
     pub async fn start() -> Self {
         Self::start_on(0).await
+    }
+
+    /// An order service on a free port whose unscripted `expire` cancels the
+    /// order in `orders` with the contract's atomic statement and deadline
+    /// rule: 200 when it cancelled, 409 when the order is not unpaid or its
+    /// deadline is later than the request's `due_at`, 404 when unknown, 503
+    /// when the database fails. Tests audit its table as they audit the SQL
+    /// action's.
+    pub async fn order_service(orders: Arc<PgOrderStore>) -> Self {
+        let endpoint = Self::start().await;
+        endpoint.state.lock().unwrap().orders = Some(orders);
+        endpoint
     }
 
     /// [`Endpoint::start`] on `port` of 127.0.0.1 (0: a free one).
@@ -164,22 +181,26 @@ async fn answer(state: Arc<Mutex<State>>, request: HttpRequest<Body>) -> Respons
     let order_id = percent_encoding::percent_decode_str(encoded)
         .decode_utf8_lossy()
         .into_owned();
-    let reply = {
+    let (reply, orders) = {
         let mut state = state.lock().unwrap();
         state.requests.push(Request {
             method,
             kind: kind.to_owned(),
             order_id: order_id.clone(),
             headers,
-            body,
+            body: body.clone(),
             at,
         });
-        match state.scripts.get_mut(&format!("{kind} {order_id}")) {
+        let reply = match state.scripts.get_mut(&format!("{kind} {order_id}")) {
             Some(script) if script.len() > 1 => script.pop_front(),
             Some(script) => script.front().cloned(),
             None => None,
-        }
+        };
+        (reply, state.orders.clone())
     };
+    if let (None, "expire", Some(orders)) = (&reply, kind, orders) {
+        return expire(&orders, &order_id, &body).await.into_response();
+    }
     let reply = reply.unwrap_or(match kind {
         "payment" => Reply::Payment("unpaid"),
         _ => Reply::Status(200, "{}".into()),
@@ -199,5 +220,44 @@ async fn answer(state: Arc<Mutex<State>>, request: HttpRequest<Body>) -> Respons
             tokio::time::sleep(duration).await;
             (StatusCode::OK, "{}").into_response()
         }
+    }
+}
+
+/// An order service's expire: the contract's atomic cancel with the deadline
+/// rule, in one statement; see [`Endpoint::order_service`].
+async fn expire(orders: &PgOrderStore, order_id: &str, body: &str) -> (StatusCode, String) {
+    let due_at = serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("due_at")?.as_str()?.parse::<DateTime<Utc>>().ok());
+    let Some(due_at) = due_at else {
+        return (StatusCode::BAD_REQUEST, format!("no due_at in {body}"));
+    };
+    let answer = async {
+        let client = orders.client().await.map_err(|e| e.to_string())?;
+        let cancelled = client
+            .query_opt(
+                "UPDATE orders SET status = 'cancelled', cancelled_at = now() \
+                 WHERE id = $1 AND status = 'unpaid' \
+                 AND (pay_deadline IS NULL OR pay_deadline <= $2) RETURNING id",
+                &[&order_id, &due_at],
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        if cancelled.is_some() {
+            return Ok(StatusCode::OK);
+        }
+        let known = client
+            .query_opt("SELECT 1 FROM orders WHERE id = $1", &[&order_id])
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok::<_, String>(if known.is_some() {
+            StatusCode::CONFLICT
+        } else {
+            StatusCode::NOT_FOUND
+        })
+    };
+    match answer.await {
+        Ok(status) => (status, "{}".into()),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e),
     }
 }

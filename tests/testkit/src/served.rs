@@ -81,12 +81,31 @@ impl Served {
     }
 
     /// The sum of the series of `/metrics` that start with `series` (a metric
-    /// name with or without labels); 0 when absent.
+    /// name with or without labels); 0 when no series matches. Panics when
+    /// `/metrics` does not answer 200: a figure read from a dead endpoint is no
+    /// figure (a check on it could never fail).
     pub async fn metric(&self, series: &str) -> f64 {
-        let Some((200, text)) = self.get("/metrics").await else {
-            return 0.0;
-        };
-        metric_value(&text, series)
+        match self.get("/metrics").await {
+            Some((200, text)) => metric_value(&text, series),
+            other => panic!(
+                "/metrics of serve on {} answered {:?} (reading {series}):\n{}",
+                self.addr,
+                other.map(|(status, _)| status),
+                self.log_tail(20)
+            ),
+        }
+    }
+
+    /// Asserts that the sweeper cancelled nothing: every cancel of this `serve`
+    /// came through the ladder and the consumer. A test of the message path
+    /// runs with the sweeper off ([`crate::World::new`]), so this holds by
+    /// construction there, and it fails the day someone turns it back on.
+    pub async fn assert_nothing_swept(&self) {
+        let swept = self.metric("order_expiry_swept_total").await;
+        assert_eq!(
+            swept, 0.0,
+            "the sweeper cancelled {swept} orders: the message path lost them"
+        );
     }
 }
 
