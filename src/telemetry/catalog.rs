@@ -58,6 +58,11 @@ pub(crate) const LATENESS_SECONDS: Metric = metric(
     Kind::Histogram,
     "Time from due_at to the cancel statement's answer, for cancelled orders.",
 );
+pub(crate) const ARRIVAL_LATENESS_SECONDS: Metric = metric(
+    "order_expiry_arrival_lateness_seconds",
+    Kind::Histogram,
+    "Time from a message's due_at (or re-check time) to its arrival at the consumer, for messages that arrive due, whatever the action kind: the ladder's and the broker's share of lateness. A stalled ladder level shows as arrivals minutes late.",
+);
 pub(crate) const EARLY_TOTAL: Metric = metric(
     "order_expiry_early_total",
     Kind::Counter,
@@ -150,6 +155,7 @@ pub(crate) const OUTBOX_REJECTED_TOTAL: Metric = metric(
 pub(crate) const CATALOG: &[Metric] = &[
     MESSAGES_TOTAL,
     LATENESS_SECONDS,
+    ARRIVAL_LATENESS_SECONDS,
     EARLY_TOTAL,
     HELD_TOTAL,
     PARKED_TOTAL,

@@ -4,11 +4,20 @@ use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use super::catalog::{CATALOG, Kind, LATENESS_SECONDS, MESSAGES_TOTAL, OUTBOX_LAG_SECONDS};
+use super::catalog::{
+    ARRIVAL_LATENESS_SECONDS, CATALOG, Kind, LATENESS_SECONDS, MESSAGES_TOTAL, OUTBOX_LAG_SECONDS,
+};
 
 /// Lateness buckets, in seconds: fine below 100 ms where the target is, coarse above.
 const LATENESS_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Arrival lateness buckets, in seconds: the ladder's milliseconds, then the
+/// seconds of an outage and the minutes of a stalled dead-letter worker
+/// (RabbitMQ retries after 180 s on stock settings).
+const ARRIVAL_LATENESS_BUCKETS: &[f64] = &[
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 ];
 
 /// Relay lag buckets, in seconds: fine around the 50 ms target, then up to the
@@ -27,6 +36,12 @@ pub(crate) fn metrics_handle() -> PrometheusHandle {
                     Matcher::Full(LATENESS_SECONDS.name.to_owned()),
                     LATENESS_BUCKETS,
                 )
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(ARRIVAL_LATENESS_SECONDS.name.to_owned()),
+                        ARRIVAL_LATENESS_BUCKETS,
+                    )
+                })
                 .and_then(|b| {
                     b.set_buckets_for_metric(
                         Matcher::Full(OUTBOX_LAG_SECONDS.name.to_owned()),

@@ -134,3 +134,51 @@ async fn killing_the_consumer_while_it_holds_a_message_loses_nothing() {
     consumer.stop().await;
     env.cleanup().await;
 }
+
+/// A message the broker held back (a ladder level whose dead-letter worker
+/// stalled after a restart: 180 s on stock settings) reaches the consumer long
+/// after its due time. The consumer counts it as a late arrival whatever the
+/// action kind: here the HTTP action, for which no database count of overdue
+/// orders exists. The `OrderExpiryLateArrivals` alert
+/// (deploy/prometheus/order-expiry-rules.yaml) reads exactly these series.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_held_back_by_the_broker_counts_as_a_late_arrival_for_every_action() {
+    let env = World::new().await;
+    let orders = order_expiry_testkit::Endpoint::order_service(env.store.clone()).await;
+    env.create_orders(&[
+        ("held-back".into(), at_ms(-90_000)),
+        ("on-time".into(), at_ms(0)),
+    ])
+    .await;
+    let base_url = orders.base_url();
+    let env_vars = [
+        ("ORDER_EXPIRY__ACTION__KIND", "http"),
+        ("ORDER_EXPIRY__ACTION__HTTP__BASE_URL", base_url.as_str()),
+    ];
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_order-expiry"));
+    let log = std::env::temp_dir().join(format!("order-expiry-late-{}.log", env.id));
+    let served = Served::start(binary, &env.settings, &env_vars, log.clone()).await;
+    served.wait_ready(Duration::from_secs(30)).await;
+    for id in ["held-back", "on-time"] {
+        let (_, due_at, _) = env.order(id).await;
+        env.publish_message(&message(id, due_at)).await;
+    }
+    orders
+        .wait_for("expire", "held-back", 1, Duration::from_secs(10))
+        .await;
+    orders
+        .wait_for("expire", "on-time", 1, Duration::from_secs(10))
+        .await;
+    let arrivals = served
+        .metric("order_expiry_arrival_lateness_seconds_count")
+        .await;
+    let within_30_s = served
+        .metric("order_expiry_arrival_lateness_seconds_bucket{le=\"30\"}")
+        .await;
+    assert_eq!(arrivals, 2.0, "both arrivals counted");
+    assert_eq!(within_30_s, 1.0, "one of them more than 30 s late");
+    assert_eq!(env.order("held-back").await.0, "cancelled");
+    drop(served);
+    let _ = std::fs::remove_file(log);
+    env.cleanup().await;
+}

@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
@@ -31,10 +31,11 @@ use super::outbound::{Outbound, Republish};
 use super::work::{Done, Pending, delivery_span, expire_work};
 use super::{Consumer, Handled};
 use crate::amqp::{self, BrokerError, ConnectError, TlsFiles};
+use crate::publisher::ExpiryMessage;
 use crate::service::CONSUMER;
 use crate::service::action::Action;
 use crate::service::backoff::Backoff;
-use crate::telemetry::HELD_TOTAL;
+use crate::telemetry::{ARRIVAL_LATENESS_SECONDS, HELD_TOTAL};
 use crate::topology::{KeptQueue, Ladder};
 
 /// Why a session ended.
@@ -257,13 +258,12 @@ impl<'a, A: Action> Session<'a, A> {
             .as_ref()
             .map(|c| c.to_string());
         let settings = &self.consumer.settings;
-        match on_arrival(
-            &delivery.data,
-            content_type.as_deref(),
-            Utc::now(),
-            settings,
-        ) {
-            Arrival::Due(message) => self.ready.push_back(Pending::new(delivery, message)),
+        let now = Utc::now();
+        match on_arrival(&delivery.data, content_type.as_deref(), now, settings) {
+            Arrival::Due(message) => {
+                record_arrival(&message, now);
+                self.ready.push_back(Pending::new(delivery, message));
+            }
             Arrival::Hold(message, early) => {
                 metrics::counter!(HELD_TOTAL.name).increment(1);
                 let pending = Pending::new(delivery, message);
@@ -334,6 +334,14 @@ pub(super) fn warn_kept(kept: &[KeptQueue]) {
     for k in kept {
         warn!(target: CONSUMER, queue = %k.name, broker = %k.reason, "{}", KeptQueue::ADVICE);
     }
+}
+
+/// How late a due message reached the consumer: what the ladder and the broker
+/// added, seen the same way whatever the action kind (a stalled level shows
+/// here even where no sweeper or database count can).
+fn record_arrival(message: &ExpiryMessage, now: DateTime<Utc>) {
+    let late = (now - message.process_at()).num_microseconds().unwrap_or(0) as f64 / 1e6;
+    metrics::histogram!(ARRIVAL_LATENESS_SECONDS.name).record(late.max(0.0));
 }
 
 async fn sleep_until(at: Option<Instant>) {
