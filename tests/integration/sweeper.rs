@@ -1,15 +1,19 @@
 //! Scenario 7, the safety net: an unpaid order whose schedule never reached the
 //! broker is cancelled by the sweeper once it is `grace_ms` overdue; paid orders,
 //! orders within their grace and orders not yet due are left alone; turned off,
-//! it does nothing.
+//! it does nothing; and on a healthy run, where the ladder delivers every
+//! message, it sweeps nothing.
 
 use std::time::{Duration, Instant};
 
 use order_expiry::{Service, Sweeper};
-use order_expiry_testkit::{World, at_ms};
+use order_expiry_testkit::{Served, World, at_ms};
 use tokio_util::sync::CancellationToken;
 
 const GRACE_MS: i64 = 1500;
+const INTERVAL_MS: u64 = 200;
+/// A sweep statement's own time and this test's polling, on a busy laptop.
+const SWEEP_SLACK: Duration = Duration::from_millis(1000);
 
 async fn status(env: &World, id: &str) -> String {
     env.order(id).await.0
@@ -19,7 +23,7 @@ async fn status(env: &World, id: &str) -> String {
 async fn the_sweeper_cancels_overdue_unpaid_orders_that_never_got_a_message() {
     let mut env = World::new().await;
     env.settings.sweeper.enabled = true;
-    env.settings.sweeper.interval = Duration::from_millis(200);
+    env.settings.sweeper.interval = Duration::from_millis(INTERVAL_MS);
     env.settings.sweeper.grace = Duration::from_millis(GRACE_MS as u64);
     env.settings.sweeper.batch_max = 7; // several statements per sweep
 
@@ -56,6 +60,12 @@ async fn the_sweeper_cancels_overdue_unpaid_orders_that_never_got_a_message() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let swept_in = started.elapsed();
+    // Overdue by more than the grace at start: the first sweep (at start-up)
+    // or the next one takes them.
+    assert!(
+        swept_in <= Duration::from_millis(INTERVAL_MS) + SWEEP_SLACK,
+        "orders long overdue swept only {swept_in:?} after start"
+    );
     // The one within its grace period is swept only once the grace has passed.
     let deadline = Instant::now() + Duration::from_secs(10);
     while status(&env, "in-grace").await != "cancelled" {
@@ -68,6 +78,12 @@ async fn the_sweeper_cancels_overdue_unpaid_orders_that_never_got_a_message() {
         after.num_milliseconds() >= GRACE_MS,
         "swept {after} after its deadline"
     );
+    // ... and within one interval of that.
+    let latest = Duration::from_millis(GRACE_MS as u64 + INTERVAL_MS) + SWEEP_SLACK;
+    assert!(
+        after.to_std().unwrap() <= latest,
+        "swept {after} after its deadline (at most {latest:?})"
+    );
     assert_eq!(status(&env, "paid-overdue").await, "paid");
     assert_eq!(status(&env, "not-due").await, "unpaid");
 
@@ -79,7 +95,7 @@ async fn the_sweeper_cancels_overdue_unpaid_orders_that_never_got_a_message() {
     eprintln!(
         "FIGURES sweeper: orders {} (20 overdue with no message, 1 paid overdue, 1 in grace, 1 not due), \
          cancelled 21, lost 0, wrongly cancelled 0, early 0; all 20 swept {:.2} s after start \
-         (interval 200 ms, grace {GRACE_MS} ms, batch 7)",
+         (interval {INTERVAL_MS} ms, grace {GRACE_MS} ms, batch 7)",
         lost.len() + 3,
         swept_in.as_secs_f64()
     );
@@ -116,5 +132,70 @@ async fn a_sweep_uses_the_atomic_statement_and_a_disabled_sweeper_does_nothing()
     assert_eq!(swept, ["old-1", "old-2"]);
     assert!(sweeper.sweep_once().await.unwrap().is_empty());
     assert_eq!(status(&env, "old-paid").await, "paid");
+    env.cleanup().await;
+}
+
+/// The sweeper on with its defaults (every 1 s, 3 s grace) beside a healthy
+/// ladder: every unpaid order is cancelled by its message, on time, and
+/// `order_expiry_swept_total` stays 0. A sweeper that raced the consumer, or a
+/// grace shorter than the ladder's lateness, would show here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_run_sweeps_nothing() {
+    const ORDERS: usize = 120;
+    let mut env = World::new().await;
+    env.settings.sweeper = order_expiry::Settings::default().sweeper;
+    assert!(env.settings.sweeper.enabled, "the sweeper is on by default");
+    let log = std::env::temp_dir().join(format!("order-expiry-sweeper-{}.log", env.id));
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_order-expiry"));
+    let served = Served::start(binary, &env.settings, &[], log.clone()).await;
+    served.wait_ready(Duration::from_secs(30)).await;
+
+    // Due every 25 ms from 1 s to 4 s; every fourth paid.
+    let orders: Vec<_> = (0..ORDERS)
+        .map(|i| (format!("healthy-{i}"), at_ms(1000 + i as i64 * 25)))
+        .collect();
+    env.create_orders(&orders).await;
+    for (id, _) in orders.iter().step_by(4) {
+        assert!(env.store.pay(id).await.unwrap());
+    }
+    let scheduler = env.scheduler();
+    let scheduled = scheduler
+        .schedule_many(orders.iter().map(|(id, due)| (id.clone(), *due)))
+        .await;
+    assert!(scheduled.iter().all(Result::is_ok), "all scheduled");
+
+    let unpaid = ORDERS - ORDERS.div_ceil(4);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let cancelled = loop {
+        let cancelled = served
+            .metric("order_expiry_messages_total{outcome=\"cancelled\"}")
+            .await;
+        if cancelled >= unpaid as f64 {
+            break cancelled;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {cancelled} of {unpaid} cancelled"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Past the last due time by more than grace + interval: a sweep that was
+    // going to take anything has run.
+    let default = order_expiry::Settings::default().sweeper;
+    tokio::time::sleep(default.grace + default.interval).await;
+    assert_eq!(cancelled, unpaid as f64);
+    for (i, (id, due)) in orders.iter().enumerate() {
+        let (status, _, cancelled_at) = env.order(id).await;
+        if i % 4 == 0 {
+            assert_eq!(status, "paid", "{id}");
+        } else {
+            let cancelled_at = cancelled_at.unwrap_or_else(|| panic!("{id} not cancelled"));
+            assert!(cancelled_at >= *due, "{id} cancelled early");
+        }
+    }
+    served.assert_nothing_swept().await;
+    scheduler.close().await;
+    drop(served);
+    let _ = std::fs::remove_file(log);
     env.cleanup().await;
 }
