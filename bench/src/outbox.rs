@@ -67,8 +67,10 @@ pub struct OutboxReport {
     pub committed: usize,
     /// Achieved commit rate over the run.
     pub commit_rate: f64,
-    /// Rows confirmed and deleted.
+    /// Rows confirmed and deleted, each counted once.
     pub relayed: usize,
+    /// Confirms reported again for a row already confirmed (a row relayed twice).
+    pub duplicates: usize,
     /// Rows counted in the figures (after the warm-up).
     pub measured: usize,
     /// Commit → confirm, ms: p50, p90, p99, p99.9, max.
@@ -141,16 +143,26 @@ async fn measure_in(world: &World, args: &OutboxArgs) -> anyhow::Result<OutboxRe
     }
     let elapsed = start.elapsed();
     let deadline = Instant::now() + Duration::from_secs(60);
-    let mut relayed_rows = 0;
+    let (mut relayed_rows, mut duplicates) = (0, 0);
     while relayed_rows < samples.len() && Instant::now() < deadline {
         let Ok(Some(row)) = tokio::time::timeout(Duration::from_secs(5), relayed.recv()).await
         else {
             break;
         };
-        relayed_rows += record(&mut samples, row);
+        match record(&mut samples, row) {
+            Recorded::First => relayed_rows += 1,
+            Recorded::Again => duplicates += 1,
+            Recorded::Not => {}
+        }
     }
     stop.cancel();
     let _ = relay_task.await;
+    // What the relay reported after the last row: only duplicates can be left.
+    while let Ok(row) = relayed.try_recv() {
+        if record(&mut samples, row) == Recorded::Again {
+            duplicates += 1;
+        }
+    }
     let pending = pending.await?;
     let warm = chrono::Duration::from_std(args.warmup)?;
     let first_commit = samples.values().map(|s| s.committed_at).min();
@@ -177,6 +189,7 @@ async fn measure_in(world: &World, args: &OutboxArgs) -> anyhow::Result<OutboxRe
         committed: samples.len(),
         commit_rate: samples.len() as f64 / elapsed.as_secs_f64(),
         relayed: relayed_rows,
+        duplicates,
         measured: commit.len(),
         commit_to_confirm_ms: figures(&commit),
         created_to_confirm_ms: figures(&created),
@@ -185,15 +198,29 @@ async fn measure_in(world: &World, args: &OutboxArgs) -> anyhow::Result<OutboxRe
     })
 }
 
-/// Adds what the relay said of one row; 1 when it was confirmed.
-fn record(samples: &mut HashMap<String, Sample>, row: Relayed) -> usize {
+/// What one report of the relay was for the figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Recorded {
+    /// The first confirm of a committed row.
+    First,
+    /// A confirm of a row already confirmed: it was relayed twice.
+    Again,
+    /// Not a confirm of a committed row of this run.
+    Not,
+}
+
+/// Adds what the relay said of one row; its first confirm is the one measured.
+fn record(samples: &mut HashMap<String, Sample>, row: Relayed) -> Recorded {
     match samples.get_mut(&row.order_id) {
         Some(sample) if row.confirmed_at.is_some() => {
+            if sample.confirmed_at.is_some() {
+                return Recorded::Again;
+            }
             sample.created_at = Some(row.created_at);
             sample.confirmed_at = row.confirmed_at;
-            1
+            Recorded::First
         }
-        _ => 0,
+        _ => Recorded::Not,
     }
 }
 
@@ -275,7 +302,7 @@ pub fn table(r: &OutboxReport) -> String {
     };
     let max_pending = r.pending.iter().max().copied().unwrap_or(0);
     format!(
-        "outbox relay lag on {}: {} transactions committed at {:.0}/s, {} relayed, {} measured after the warm-up\n\
+        "outbox relay lag on {}: {} transactions committed at {:.0}/s, {} relayed ({} twice), {} measured after the warm-up\n\
          | lag (ms)                           |    p50 |    p90 |    p99 |  p99.9 |     max |\n\
          | ---------------------------------- | ------:| ------:| ------:| ------:| -------:|\n\
          {}\n{}\n\
@@ -285,6 +312,7 @@ pub fn table(r: &OutboxReport) -> String {
         r.committed,
         r.commit_rate,
         r.relayed,
+        r.duplicates,
         r.measured,
         row("commit → confirm", &r.commit_to_confirm_ms),
         row("created_at (tx start) → confirm", &r.created_to_confirm_ms),

@@ -2,15 +2,20 @@
 //! committed with their orders are relayed and the orders cancelled on time; a
 //! rolled-back transaction schedules nothing; two relays publish each row once;
 //! kill -9 between the confirm and the delete gives a duplicate, never a loss;
-//! rows written while the broker is unreachable are relayed once it is back.
+//! rows written while the broker is unreachable are relayed once it is back;
+//! rows committed while a round is in progress wake the relay when it ends.
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
 use lapin::options::{QueueBindOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
+use order_expiry::{Readiness, Relay};
 use order_expiry_testkit::{Proxy, Served, World, at_ms};
+use tokio_util::sync::CancellationToken;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_order-expiry");
 
@@ -358,4 +363,92 @@ async fn rows_written_while_the_broker_is_unreachable_are_relayed_when_it_return
     eprintln!("FIGURES outbox broker unreachable: {failures} failed publishes, 50 relayed after");
     stop(served).await;
     env.cleanup().await;
+}
+
+/// Rows committed while a round is in progress wake the relay when that round
+/// ends, however long it took: each is confirmed within a second of the end of
+/// the round, with the fallback poll switched off (60 s) so that only the
+/// notifications can wake it. The round is held open deterministically: it has
+/// a row that can never be published (an empty order id), and moving it into
+/// `order_expiry_outbox_rejected` waits for a lock the test holds on that table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_committed_while_a_round_is_in_progress_are_relayed_when_it_ends() {
+    let env = World::new().await;
+    let mut settings = env.settings.clone();
+    settings.outbox.poll_interval = Duration::from_secs(60);
+    // The round waits for the test's lock instead of failing after 500 ms.
+    settings.database.lock_timeout = Duration::from_secs(10);
+    let mut relay = Relay::new(&settings, Arc::new(Readiness::default())).expect("relay");
+    let mut relayed = relay.observe();
+    let stop = CancellationToken::new();
+    let relay_task = tokio::spawn(relay.run(stop.clone()));
+
+    // Listening: a first row comes through on its notification.
+    place(&env, &orders("round-first", 1, 60_000), true).await;
+    let first = tokio::time::timeout(Duration::from_secs(10), relayed.recv()).await;
+    assert!(
+        matches!(&first, Ok(Some(r)) if r.confirmed_at.is_some()),
+        "{first:?}"
+    );
+
+    let mut blocker = env.store.client().await.expect("database");
+    let blocker = blocker.transaction().await.expect("begin");
+    blocker
+        .batch_execute("LOCK TABLE order_expiry_outbox_rejected IN SHARE MODE")
+        .await
+        .expect("lock");
+    place(&env, &[(String::new(), at_ms(60_000))], true).await;
+    wait_for_blocked_round(&env).await;
+    // Committed while the round is in progress, each in its own transaction.
+    let during = orders("round-during", 5, 60_000);
+    for order in &during {
+        place(&env, std::slice::from_ref(order), true).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    blocker.rollback().await.expect("release the round");
+    let released = Utc::now();
+
+    let mut confirmed = HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while confirmed.len() < during.len() && Instant::now() < deadline {
+        if let Ok(Some(row)) =
+            tokio::time::timeout(Duration::from_millis(200), relayed.recv()).await
+            && let Some(at) = row.confirmed_at
+        {
+            confirmed.insert(row.order_id, at);
+        }
+    }
+    stop.cancel();
+    relay_task.await.expect("relay stops");
+    for (id, _) in &during {
+        let waited = confirmed
+            .get(id)
+            .map(|at| (*at - released).num_milliseconds());
+        assert!(
+            waited.is_some_and(|ms| ms <= 1000),
+            "{id} confirmed {waited:?} ms after the round ended (None: not within 5 s)"
+        );
+    }
+    env.cleanup().await;
+}
+
+/// Until the relay's round waits for a lock on the rejected table.
+async fn wait_for_blocked_round(env: &World) {
+    let client = env.store.client().await.expect("database");
+    eventually(
+        Duration::from_secs(10),
+        "the round waits for the lock",
+        async || {
+            let row = client
+                .query_one(
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted \
+                 AND relation = 'order_expiry_outbox_rejected'::regclass",
+                    &[],
+                )
+                .await
+                .expect("pg_locks");
+            row.get::<_, i64>(0) > 0
+        },
+    )
+    .await;
 }
