@@ -96,6 +96,7 @@ async fn consumer_killed_holding_unacked_messages_loses_nothing_and_cancels_once
     let figures = settle(&world, &ledger, Duration::from_secs(30)).await;
     let settled = started.elapsed();
     figures.assert_invariants();
+    second.assert_nothing_swept().await;
     assert_eq!(figures.cancelled, HELD + IN_FLIGHT + LADDER);
 
     // Every message was handled by the second consumer exactly once, and the

@@ -61,6 +61,7 @@ async fn database_down_for_ten_seconds_backs_off_and_loses_nothing() {
     let figures = settle(&world, &ledger, Duration::from_secs(60)).await;
     let settled_at = Instant::now();
     figures.assert_invariants();
+    served.assert_nothing_swept().await;
     assert!(served.running());
     assert!(retries >= 1.0, "the consumer never saw the database fail");
     assert!(

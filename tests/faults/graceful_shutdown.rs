@@ -109,6 +109,7 @@ async fn sigterm_under_load_exits_zero_and_hands_back_what_it_did_not_finish() {
     }
     let figures = settle(&world, &ledger, Duration::from_secs(30)).await;
     figures.assert_invariants();
+    second.assert_nothing_swept().await;
     assert_eq!(world.depth(&world.ladder().due_queue()).await, 0);
     figures.print(
         "graceful shutdown",
@@ -185,6 +186,7 @@ async fn sigterm_with_cancels_stuck_in_the_database_exits_at_the_drain_timeout()
     }
     let figures = settle(&world, &ledger, Duration::from_secs(30)).await;
     figures.assert_invariants();
+    second.assert_nothing_swept().await;
     assert_eq!(world.depth(&world.ladder().due_queue()).await, 0);
     figures.print(
         "shutdown with stuck cancels",

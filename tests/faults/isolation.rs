@@ -12,7 +12,7 @@ use chrono::Utc;
 use order_expiry_testkit::Proxy;
 use secrecy::ExposeSecret;
 
-use crate::support::{Ledger, ReadyWatch, World, at_ms, order, settle};
+use crate::support::{Ledger, ReadyWatch, World, at_ms, dead_letter_retry, order, settle};
 
 /// Lateness bound for the orders that share nothing with the fault.
 const MAX_LATENESS: Duration = Duration::from_secs(1);
@@ -49,6 +49,7 @@ async fn one_order_locked_for_thirty_seconds_holds_up_no_other() {
     }
     let figures = settle(&world, &others, Duration::from_secs(20)).await;
     figures.assert_invariants();
+    served.assert_nothing_swept().await;
     assert!(
         figures.max_lateness <= MAX_LATENESS,
         "the other orders waited for the lock: {figures:?}"
@@ -163,6 +164,7 @@ async fn a_silent_database_for_a_minute_loses_nothing_and_does_not_spin() {
     let figures = settle(&world, &ledger, Duration::from_secs(30)).await;
     let settled = back_at.elapsed();
     figures.assert_invariants();
+    served.assert_nothing_swept().await;
     let not_ready = not_ready_at - silent_at;
     let retries = served.metric("order_expiry_retries_total").await;
     figures.print(
@@ -196,33 +198,33 @@ async fn a_silent_database_for_a_minute_loses_nothing_and_does_not_spin() {
     world.cleanup().await;
 }
 
-/// Scenario 7, with the short-grace sweeper as the bound: the broker cannot
-/// route what it dead-letters into the due exchange while the queue is gone
-/// (at-least-once dead-lettering keeps it and retries only after
-/// `dead_letter_worker_publisher_confirm_timeout`, 180 s stock), so the
-/// sweeper cancels those from the database `grace` after their due time.
+/// Scenario 7: an operator deletes the live due queue. The consumer declares
+/// it again (a repair, or on RabbitMQ 4.0 a new session). What the ladder
+/// dead-letters meanwhile is unroutable, and at-least-once dead-lettering
+/// retries it after `dead_letter_worker_publisher_confirm_timeout`
+/// ([`dead_letter_retry`]). But the messages the broker routed into the queue
+/// it was deleting die with it: on 4.0.5, with the sweeper off, the 18 unpaid
+/// orders due in the 0.7 s after the deletion were never cancelled (the queue
+/// record outlives the end of our consumer there). That is what the sweeper
+/// is for, so it runs here (every 1 s, 3 s grace), and the test attributes
+/// every order it sweeps to the deletion: due within [`SWEPT_WITHIN`] of it.
+/// Everything else is cancelled by its message, one outcome per message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_due_queue_is_declared_again_and_nothing_is_lost() {
-    let figures = due_queue_deleted(true).await;
-    // Sweeper: every 1 s, 3 s grace.
-    let bound = Duration::from_secs(3 + 1 + 2);
-    assert!(figures.max_lateness <= bound, "{figures:?}");
-}
-
-/// What the broker does without the sweeper: figures only (`--ignored`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "measurement: waits for RabbitMQ's dead-letter retry (180 s stock)"]
-async fn a_deleted_due_queue_without_the_sweeper() {
-    due_queue_deleted(false).await;
-}
-
-async fn due_queue_deleted(sweeper: bool) -> crate::support::Figures {
     const ORDERS: usize = 300;
+    /// Past the broker's retry: the repair and the ladder's own hops.
+    const AFTER_RETRY: Duration = Duration::from_secs(5);
+    /// The orders a deletion can take down: due from just before it (held
+    /// early, at most 1 s) to a few seconds after (the repair's gap).
+    const SWEPT_WITHIN: Duration = Duration::from_secs(5);
+    let retry = tokio::task::spawn_blocking(dead_letter_retry)
+        .await
+        .expect("dead-letter retry");
+    let bound = retry + AFTER_RETRY;
     let world = World::new("due queue deleted").await;
-    let enabled = sweeper.to_string();
     let served = world
         .serve(&[
-            ("ORDER_EXPIRY__SWEEPER__ENABLED", enabled.as_str()),
+            ("ORDER_EXPIRY__SWEEPER__ENABLED", "true"),
             ("ORDER_EXPIRY__SWEEPER__INTERVAL_MS", "1000"),
             ("ORDER_EXPIRY__SWEEPER__GRACE_MS", "3000"),
         ])
@@ -251,41 +253,71 @@ async fn due_queue_deleted(sweeper: bool) -> crate::support::Figures {
         .await
         .expect("delete the due queue");
     let deleted_at = Instant::now();
-    let timeout = Duration::from_secs(if sweeper { 30 } else { 240 });
-    let figures = settle(&world, &ledger, timeout).await;
+    let deleted_wall = Utc::now();
+    let figures = settle(&world, &ledger, bound + Duration::from_secs(15)).await;
     let settled = deleted_at.elapsed();
     // Settled counts paid orders at payment, so their messages may still be on
-    // their way; `list_queues` figures for quorum queues also lag by up to the
-    // broker's stats interval (5 s). What matters: one outcome per message, no
-    // duplicate from the deleted queue. Those the broker could not dead-letter
-    // while the queue was missing come 180 s later (fewer outcomes, not more).
-    let quiet_by = Instant::now() + Duration::from_secs(10);
-    let handled = loop {
-        let handled = served.metric("order_expiry_messages_total").await;
-        if handled >= ORDERS as f64 || Instant::now() > quiet_by {
-            break handled;
-        }
+    // their way (`list_queues` figures for quorum queues also lag by up to the
+    // broker's stats interval, 5 s). What matters: one outcome per message,
+    // none missing (a message the broker dropped) and no duplicate from the
+    // deleted queue; then a quiet second in which no more come.
+    let all_by = Instant::now() + bound;
+    let mut handled = served.metric("order_expiry_messages_total").await;
+    while handled < ORDERS as f64 && Instant::now() < all_by {
         tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+        handled = served.metric("order_expiry_messages_total").await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let handled = served.metric("order_expiry_messages_total").await;
     let repairs = served
         .metric("order_expiry_repairs_total{what=\"due\"}")
         .await;
     let swept = served.metric("order_expiry_swept_total").await;
     let reconnects = served.metric("order_expiry_reconnects_total").await;
+    // Swept: cancelled more than the grace after their due time (the ladder's
+    // cancels are milliseconds late). Each must be one the deletion took.
+    let rows = world.rows().await;
+    let grace = chrono::TimeDelta::seconds(3);
+    let window = deleted_wall - chrono::TimeDelta::seconds(1)
+        ..=deleted_wall + chrono::TimeDelta::from_std(SWEPT_WITHIN).expect("window");
+    let swept_orders: Vec<_> = rows
+        .iter()
+        .filter(|(_, r)| r.cancelled_at.is_some_and(|c| c - r.pay_deadline >= grace))
+        .collect();
+    let unexplained: Vec<_> = swept_orders
+        .iter()
+        .filter(|(_, r)| !window.contains(&r.pay_deadline))
+        .map(|(id, r)| format!("{id} due {}", r.pay_deadline))
+        .collect();
+    let due_in_window = ledger
+        .orders
+        .iter()
+        .filter(|o| window.contains(&o.due_at))
+        .count();
     figures.print(
-        if sweeper {
-            "due queue deleted (sweeper 1 s / 3 s grace)"
-        } else {
-            "due queue deleted (sweeper off)"
-        },
+        "due queue deleted (sweeper 1 s / 3 s grace)",
         &format!(
-            "repairs {repairs}, reconnects {reconnects}, swept {swept}, settled {:.1} s after the \
-             deletion; messages handled {handled}; queues now: {}",
+            "the broker's dead-letter retry {} s; repairs {repairs}, reconnects {reconnects}, \
+             swept {swept} (all due within {} s of the deletion), settled {:.1} s after the deletion; \
+             messages handled {handled} of {ORDERS}; queues now: {}",
+            retry.as_secs(),
+            SWEPT_WITHIN.as_secs(),
             settled.as_secs_f64(),
             world.queue_report()
         ),
     );
     figures.assert_invariants();
+    assert!(
+        unexplained.is_empty(),
+        "swept orders the deletion does not explain: {unexplained:?}"
+    );
+    assert_eq!(swept, swept_orders.len() as f64, "swept orders counted");
+    // Sweeper bound for the ones the deletion took, the ladder's for the rest.
+    assert!(
+        figures.max_lateness <= Duration::from_secs(3 + 1 + 2),
+        "cancelled up to {:?} after the due time: {figures:?}",
+        figures.max_lateness
+    );
     // RabbitMQ 3.10 deletes the queue, then ends our consumer: the session
     // re-declares on its channel (a repair). RabbitMQ 4.0 may end the consumer
     // while the queue record still exists: the repair's declare finds the dying
@@ -295,12 +327,13 @@ async fn due_queue_deleted(sweeper: bool) -> crate::support::Figures {
         repairs + reconnects >= 1.0,
         "the consumer never re-declared the due queue"
     );
+    // One outcome per message: no duplicate from the deleted queue, and only
+    // messages due around the deletion missing (died with it).
     assert!(
-        handled <= ORDERS as f64,
-        "{handled} outcomes for {ORDERS} messages: a duplicate"
+        handled <= ORDERS as f64 && handled + due_in_window as f64 >= ORDERS as f64,
+        "{handled} outcomes for {ORDERS} messages ({due_in_window} due around the deletion)"
     );
     scheduler.close().await;
     drop(served);
     world.cleanup().await;
-    figures
 }

@@ -60,6 +60,17 @@ impl Ledger {
             .min()
     }
 
+    /// When the first confirm after `from` came back, whenever its call
+    /// started: without a majority nothing is confirmed, so after a majority
+    /// loss this is when the cluster took writes again, as a publisher sees it.
+    pub fn first_confirm_after(&self, from: Instant) -> Option<Instant> {
+        self.calls
+            .iter()
+            .filter(|c| c.ended > from && c.error.is_none())
+            .map(|c| c.ended)
+            .min()
+    }
+
     /// Calls started in `[from, to)`: (confirmed, failed).
     pub fn outcomes_between(&self, from: Instant, to: Instant) -> (usize, usize) {
         let window = self

@@ -200,8 +200,10 @@ pub async fn order_service(
             .await
             .expect("insert order");
         let mut scheduled = false;
-        // Keep trying while the order is not long overdue: an outage lasts seconds.
-        while !scheduled && Utc::now() < due_at + chrono::TimeDelta::seconds(60) {
+        // Keep trying while the order is not long overdue: an outage lasts
+        // seconds, a few minutes at most (a RabbitMQ 4.0 node carrying the
+        // ballast took 78 s to come back from a kill -9 on a busy machine).
+        while !scheduled && Utc::now() < due_at + chrono::TimeDelta::seconds(300) {
             match scheduler.schedule(&id, due_at).await {
                 Ok(_) => scheduled = true,
                 Err(_) => {

@@ -131,6 +131,35 @@ pub fn broker_log_count(needle: &str) -> usize {
         .sum()
 }
 
+/// RabbitMQ's stock `dead_letter_worker_publisher_confirm_timeout`.
+const STOCK_DEAD_LETTER_RETRY: Duration = Duration::from_secs(180);
+
+/// How long the test broker's at-least-once dead-letter worker waits before it
+/// retries what it could not route (`dead_letter_worker_publisher_confirm_timeout`,
+/// read from the running node): 5 s with the deployed configuration
+/// (`deploy/rabbitmq/advanced.config`, which scripts/test gives both test
+/// brokers), 180 s with stock settings (`ORDER_EXPIRY_BROKER_SETTINGS=stock`).
+/// A ladder level that stalls at boot, or a due queue that is missing, holds
+/// its messages that long: the bounds the restart tests assert follow from it.
+pub fn dead_letter_retry() -> Duration {
+    let expr = "application:get_env(rabbit, dead_letter_worker_publisher_confirm_timeout).";
+    let answer = run("rabbitmqctl", &["-q", "eval", expr]).expect("rabbitmqctl eval");
+    parse_dead_letter_retry(answer.trim())
+        .unwrap_or_else(|| panic!("dead_letter_worker_publisher_confirm_timeout: {answer:?}"))
+}
+
+fn parse_dead_letter_retry(answer: &str) -> Option<Duration> {
+    if answer == "undefined" {
+        return Some(STOCK_DEAD_LETTER_RETRY);
+    }
+    let ms = answer
+        .strip_prefix("{ok,")?
+        .strip_suffix('}')?
+        .parse()
+        .ok()?;
+    Some(Duration::from_millis(ms))
+}
+
 /// What an [`Outage`] broke.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
@@ -230,4 +259,17 @@ impl Drop for Outage {
         }
         self.restore_now();
     }
+}
+
+#[test]
+fn the_dead_letter_retry_is_read_from_the_node_answer() {
+    assert_eq!(
+        parse_dead_letter_retry("{ok,5000}"),
+        Some(Duration::from_secs(5))
+    );
+    assert_eq!(
+        parse_dead_letter_retry("undefined"),
+        Some(STOCK_DEAD_LETTER_RETRY)
+    );
+    assert_eq!(parse_dead_letter_retry("{badrpc,nodedown}"), None);
 }
