@@ -150,11 +150,12 @@ broker_advanced_config() {
 }
 
 # What `rabbitmqctl eval` of the dead-letter retry says on a node that runs
-# the wanted settings: {ok,5000} (deployed) or undefined (stock).
+# the wanted settings: {ok,5000} (deployed) or {ok,180000} (stock: the rabbit
+# application's own default, on 3.10 and 4.0 alike).
 broker_dead_letter_retry_wanted() {
   case $ORDER_EXPIRY_BROKER_SETTINGS in
     deployed) echo "{ok,$(grep -o 'dead_letter_worker_publisher_confirm_timeout, *[0-9]*' "$DEPLOYED_ADVANCED_CONFIG" | grep -o '[0-9]*$')}" ;;
-    *) echo undefined ;;
+    *) echo "{ok,180000}" ;;
   esac
 }
 
