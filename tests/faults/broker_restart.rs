@@ -151,7 +151,7 @@ async fn broker_outage(name: &'static str, fault: Fault, consumer: Consumer, exp
         name,
         &format!(
             "action {expiry:?}, sweeper off, the broker's dead-letter retry {} s; past max(due, broker back): \
-             p50 {} ms, p99 {} ms, max {} ms, beyond {} s: {}; swept {swept}; levels that logged \"cannot forward\" at boot (all runs on this broker): {stuck_levels}; \
+             p50 {} ms, p99 {} ms, max {} ms, beyond {} s: {}; swept {swept}; \"cannot forward\" lines the broker logged for this test's ladder: {stuck_levels}; \
              schedule() errors during the outage {} (all retried to Ok), consumer reconnects {reconnects}, \
              broker down {:.1} s, ready again {:.1} s after the broker was back, all settled {:.1} s after it",
             retry.as_secs(),
