@@ -10,6 +10,8 @@
 //!   steady rate of committed order transactions.
 //! - [`goals`]: every goal the README states for them, with the settings it
 //!   was stated for, and the judging of a report against them.
+//! - [`check`]: every benchmark against its goals, one table, a non-zero exit
+//!   when one is missed.
 //!
 //! Each run lives in its own isolated world (`order_expiry_testkit::World`:
 //! topology prefix and PostgreSQL schema), removed at the end.
@@ -17,6 +19,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_debug_implementations, unreachable_pub, missing_docs)]
 
+pub mod check;
 pub mod goals;
 pub mod lateness;
 pub mod outbox;
