@@ -230,11 +230,12 @@ pub fn all_met(verdicts: &[Verdict]) -> bool {
     !verdicts.is_empty() && verdicts.iter().all(|v| v.met)
 }
 
-/// The last line of a run: how many goals were met, and the missed ones.
+/// The last line of a run: how many goals were met, the missed ones with
+/// their figures, and how many were not measured at all.
 pub fn summary(verdicts: &[Verdict]) -> String {
     let missed: Vec<String> = verdicts
         .iter()
-        .filter(|v| !v.met)
+        .filter(|v| !v.met && v.measured.is_some())
         .map(|v| {
             format!(
                 "{}: {} {} (goal {})",
@@ -245,11 +246,23 @@ pub fn summary(verdicts: &[Verdict]) -> String {
             )
         })
         .collect();
-    match (verdicts.len(), missed.len()) {
-        (0, _) => "no goal was judged".to_owned(),
-        (n, 0) => format!("{n} of {n} goals met"),
-        (n, m) => format!("{m} of {n} goals missed: {}", missed.join("; ")),
+    let unmeasured = verdicts.iter().filter(|v| v.measured.is_none()).count();
+    let n = verdicts.len();
+    let mut line = match missed.len() + unmeasured {
+        _ if n == 0 => return "no goal was judged".to_owned(),
+        0 => return format!("{n} of {n} goals met"),
+        m => format!("{m} of {n} goals missed"),
+    };
+    if !missed.is_empty() {
+        line.push_str(&format!(": {}", missed.join("; ")));
     }
+    if unmeasured > 0 {
+        line.push_str(&format!(
+            "{}{unmeasured} not measured",
+            if missed.is_empty() { ": " } else { "; " }
+        ));
+    }
+    line
 }
 
 /// The table: benchmark, measure, goal, measured, met.
@@ -446,6 +459,15 @@ mod tests {
         let ok = judge(Bench::Outbox, &[m("commit → confirm p99", 10.9)], false);
         assert_eq!(summary(&ok), "1 of 1 goals met");
         assert_eq!(summary(&[]), "no goal was judged");
+        let failed = judge(Bench::Outbox, &[m("rows not relayed", 2.0)], true);
+        assert_eq!(
+            summary(&failed),
+            "2 of 2 goals missed: outbox: rows not relayed 2 rows (goal none); 1 not measured"
+        );
+        assert_eq!(
+            summary(&judge(Bench::Outbox, &[], true)),
+            "2 of 2 goals missed: 2 not measured"
+        );
     }
 
     #[test]

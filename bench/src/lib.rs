@@ -26,20 +26,33 @@ pub mod outbox;
 pub mod throughput;
 
 /// A subcommand's last words: its goals as a table, then one line saying
-/// whether they are met; an error (a non-zero exit) when one is missed.
+/// whether they are met; [`GoalsMissed`] (a non-zero exit) when one is missed.
 pub fn finish(verdicts: &[goals::Verdict]) -> anyhow::Result<()> {
     if verdicts.is_empty() {
         return Ok(());
     }
     println!("{}", goals::table(verdicts));
     let line = goals::summary(verdicts);
+    println!("{line}");
     if goals::all_met(verdicts) {
-        println!("{line}");
         Ok(())
     } else {
-        anyhow::bail!(line)
+        Err(GoalsMissed(line).into())
     }
 }
+
+/// A run that missed a goal: the binary exits non-zero without printing it
+/// again, so the summary stays the last line.
+#[derive(Debug)]
+pub struct GoalsMissed(pub String);
+
+impl std::fmt::Display for GoalsMissed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for GoalsMissed {}
 
 /// Percentile of sorted values by nearest rank; 0 for none.
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {

@@ -11,11 +11,12 @@
 #![warn(missing_debug_implementations, unreachable_pub, missing_docs)]
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use order_expiry::{LogFormat, Settings};
-use order_expiry_bench::{check, lateness, outbox, throughput};
+use order_expiry_bench::{GoalsMissed, check, lateness, outbox, throughput};
 
 /// Benchmarks of order-expiry against the local broker and database (not tests).
 #[derive(Debug, Parser)]
@@ -56,8 +57,19 @@ enum Command {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+async fn main() -> ExitCode {
+    match run(Cli::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        // Its summary is the last line already printed.
+        Err(e) if e.is::<GoalsMissed>() => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("Error: {e:?}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     let settings = Settings::load(cli.config.as_deref()).context("loading settings")?;
     let format = match cli.log_format {
         Some(LogFormatArg::Text) => LogFormat::Text,
