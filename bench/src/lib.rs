@@ -8,6 +8,10 @@
 //!   and its memory footprint.
 //! - [`outbox`]: the transactional outbox's relay lag, commit to confirm, at a
 //!   steady rate of committed order transactions.
+//! - [`goals`]: every goal the README states for them, with the settings it
+//!   was stated for, and the judging of a report against them.
+//! - [`check`]: every benchmark against its goals, one table, a non-zero exit
+//!   when one is missed.
 //!
 //! Each run lives in its own isolated world (`order_expiry_testkit::World`:
 //! topology prefix and PostgreSQL schema), removed at the end.
@@ -15,9 +19,40 @@
 #![deny(unsafe_code)]
 #![warn(missing_debug_implementations, unreachable_pub, missing_docs)]
 
+pub mod check;
+pub mod goals;
 pub mod lateness;
 pub mod outbox;
 pub mod throughput;
+
+/// A subcommand's last words: its goals as a table, then one line saying
+/// whether they are met; [`GoalsMissed`] (a non-zero exit) when one is missed.
+pub fn finish(verdicts: &[goals::Verdict]) -> anyhow::Result<()> {
+    if verdicts.is_empty() {
+        return Ok(());
+    }
+    println!("{}", goals::table(verdicts));
+    let line = goals::summary(verdicts);
+    println!("{line}");
+    if goals::all_met(verdicts) {
+        Ok(())
+    } else {
+        Err(GoalsMissed(line).into())
+    }
+}
+
+/// A run that missed a goal: the binary exits non-zero without printing it
+/// again, so the summary stays the last line.
+#[derive(Debug)]
+pub struct GoalsMissed(pub String);
+
+impl std::fmt::Display for GoalsMissed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for GoalsMissed {}
 
 /// Percentile of sorted values by nearest rank; 0 for none.
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {

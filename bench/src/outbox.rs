@@ -9,6 +9,8 @@
 //! `NOTIFY`, and reports when each row's confirm came. Orders are due in 30
 //! minutes, as real ones are: every message enters the ladder and waits there
 //! until the world is removed. The pending rows are counted every second.
+//! The run exits non-zero when it misses a goal of [`Bench::Outbox`] (every
+//! row relayed, p99 commit → confirm).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -24,6 +26,7 @@ use secrecy::ExposeSecret;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+use crate::goals::{self, Bench, Measurement};
 use crate::percentile;
 
 /// Arguments of `outbox`.
@@ -89,7 +92,21 @@ pub async fn run(settings: &Settings, args: &OutboxArgs) -> anyhow::Result<()> {
     println!("{}", table(&report));
     std::fs::write(&args.json, serde_json::to_string_pretty(&report)?)?;
     println!("wrote {}", args.json.display());
-    Ok(())
+    let verdicts = goals::judge(Bench::Outbox, &report.measurements(), false);
+    crate::finish(&verdicts)
+}
+
+impl OutboxReport {
+    /// The figures, named as the goals' measures ([`Bench::Outbox`]).
+    pub fn measurements(&self) -> Vec<Measurement> {
+        vec![
+            Measurement::new(
+                "rows not relayed",
+                self.committed.saturating_sub(self.relayed) as f64,
+            ),
+            Measurement::new("commit → confirm p99", self.commit_to_confirm_ms[2]),
+        ]
+    }
 }
 
 /// Runs the benchmark in a world of its own based on `settings` (prefix
@@ -320,4 +337,32 @@ pub fn table(r: &OutboxReport) -> String {
         r.load.0,
         r.load.1,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::goals::{all_met, judge};
+
+    fn report(relayed: usize, p99: f64) -> OutboxReport {
+        OutboxReport {
+            broker: "amqp://127.0.0.1:5672/%2f".into(),
+            committed: 1000,
+            commit_rate: 1000.0,
+            relayed,
+            measured: 900,
+            commit_to_confirm_ms: [2.0, 5.0, p99, 20.0, 40.0],
+            created_to_confirm_ms: [2.0, 5.0, 14.0, 20.0, 40.0],
+            pending: vec![0, 3],
+            load: (0.5, 0.7),
+        }
+    }
+
+    #[test]
+    fn the_relay_goals_read_p99_and_unrelayed_rows() {
+        let judged = |r: &OutboxReport| judge(Bench::Outbox, &r.measurements(), true);
+        assert!(all_met(&judged(&report(1000, 50.0))));
+        assert!(!all_met(&judged(&report(1000, 50.1))));
+        assert!(!all_met(&judged(&report(999, 10.9))));
+    }
 }

@@ -11,6 +11,10 @@
 //! (`B-<i>`) scheduled within `--burst-over` (1 s), `--burst-at` into the run,
 //! through the same `Scheduler` from ten concurrent callers, with their own
 //! delays (1-15 s by default). Their lateness is a row of its own.
+//!
+//! The run is judged by the goals of [`goals::Bench::Lateness`] (or `Burst`
+//! with a sale): never early, none missed, and the lateness bounds; it exits
+//! non-zero when one is missed.
 
 mod naive;
 mod plot;
@@ -33,6 +37,8 @@ use rand::Rng;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio_util::sync::CancellationToken;
 use tokio_util::time::DelayQueue;
+
+use crate::goals;
 
 pub use self::report::{Report, Row, table};
 
@@ -118,15 +124,8 @@ pub async fn run(settings: &Settings, args: &LatenessArgs) -> anyhow::Result<()>
     let svg = args.out_dir.join("lateness.svg");
     plot::lateness_cdf(&report, &svg)?;
     println!("wrote {} and {}", json.display(), svg.display());
-    if report
-        .rows
-        .iter()
-        .filter(|r| r.design != "naive")
-        .any(|r| r.early > 0 || r.missed > 0)
-    {
-        anyhow::bail!("the ladder cancelled early or missed orders");
-    }
-    Ok(())
+    let verdicts = goals::judge(report.bench(), &report.measurements(), false);
+    crate::finish(&verdicts)
 }
 
 /// Runs the orders through both designs, in a world of their own based on

@@ -6,6 +6,7 @@ use std::path::Path;
 use order_expiry_testkit::World;
 use serde::Serialize;
 
+use crate::goals::{Bench, Measurement};
 use crate::percentile;
 
 /// One design's figures, in milliseconds.
@@ -124,6 +125,40 @@ impl Row {
     }
 }
 
+impl Report {
+    /// Whose goals the run is judged by: the flash sale's with a burst, else
+    /// the steady stream's.
+    pub fn bench(&self) -> Bench {
+        if self.burst > 0 {
+            Bench::Burst
+        } else {
+            Bench::Lateness
+        }
+    }
+
+    /// The ladder's figures, named as the goals' measures: `ladder: …` for
+    /// the steady stream alone, `steady stream: …` and `flash sale: …` beside
+    /// a sale. The naive design has no goal.
+    pub fn measurements(&self) -> Vec<Measurement> {
+        let mut out = Vec::new();
+        for row in &self.rows {
+            let name = match (row.design.as_str(), self.burst > 0) {
+                ("ladder", false) => "ladder",
+                ("ladder", true) => "steady stream",
+                ("ladder, flash sale", _) => "flash sale",
+                _ => continue,
+            };
+            out.extend([
+                Measurement::new(format!("{name}: cancelled early"), row.early as f64),
+                Measurement::new(format!("{name}: missed"), row.missed as f64),
+                Measurement::new(format!("{name}: p99 lateness"), row.p99_ms),
+                Measurement::new(format!("{name}: max lateness"), row.max_ms),
+            ]);
+        }
+        out
+    }
+}
+
 /// Writes `lateness.json` (figures and every sorted lateness) into `dir`.
 pub(super) fn write_json(report: &Report, dir: &Path) -> anyhow::Result<std::path::PathBuf> {
     let json = dir.join("lateness.json");
@@ -187,5 +222,77 @@ fn fmt_ms(ms: f64) -> String {
         format!("{:.1} s", ms / 1000.0)
     } else {
         format!("{ms:.1} ms")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::goals::{all_met, judge};
+
+    fn report(burst: usize, rows: Vec<Row>) -> Report {
+        Report {
+            rows,
+            rate: 200,
+            duration_s: 20.0,
+            min_delay_s: 1.0,
+            max_delay_s: 20.0,
+            pay_share: 0.2,
+            queue_type: "quorum".into(),
+            burst,
+            burst_over_s: 1.0,
+            burst_min_delay_s: 1.0,
+            burst_max_delay_s: 15.0,
+            max_in_flight: 50,
+        }
+    }
+
+    #[test]
+    fn a_steady_run_measures_every_lateness_goal() {
+        let ladder = Row::from_lateness("ladder", 10, 0, vec![3.0, 1.0, 2.0]);
+        let naive = Row::from_lateness("naive", 10, 5, vec![-1.0, 30_000.0]);
+        let r = report(0, vec![ladder, naive]);
+        assert_eq!(r.bench(), Bench::Lateness);
+        let verdicts = judge(Bench::Lateness, &r.measurements(), true);
+        assert!(
+            verdicts.iter().all(|v| v.measured.is_some()),
+            "{verdicts:?}"
+        );
+        assert!(
+            all_met(&verdicts),
+            "the naive row is not judged: {verdicts:?}"
+        );
+    }
+
+    #[test]
+    fn a_late_or_early_sale_misses_its_goals() {
+        let steady = Row::from_lateness("ladder", 10, 0, vec![4.0; 10]);
+        let on_time = Row::from_lateness("ladder, flash sale", 10, 0, vec![5.0; 10]);
+        let r = report(10, vec![steady.clone(), on_time]);
+        assert_eq!(r.bench(), Bench::Burst);
+        let verdicts = judge(Bench::Burst, &r.measurements(), true);
+        assert_eq!(verdicts.len(), 6);
+        assert!(all_met(&verdicts), "{verdicts:?}");
+        let mut late = vec![5.0; 99];
+        late.push(101.0);
+        let late = Row::from_lateness("ladder, flash sale", 100, 0, late);
+        let verdicts = judge(
+            Bench::Burst,
+            &report(100, vec![steady.clone(), late]).measurements(),
+            true,
+        );
+        let missed: Vec<_> = verdicts
+            .iter()
+            .filter(|v| !v.met)
+            .map(|v| v.goal.measure)
+            .collect();
+        assert_eq!(missed, ["flash sale: max lateness"]);
+        let early = Row::from_lateness("ladder, flash sale", 10, 0, vec![-0.5, 5.0]);
+        let verdicts = judge(
+            Bench::Burst,
+            &report(10, vec![steady, early]).measurements(),
+            true,
+        );
+        assert!(!all_met(&verdicts));
     }
 }

@@ -13,7 +13,7 @@ use order_expiry_testkit::{Child, Launch, http_get, metric_value};
 use tokio::time::Instant;
 
 /// Starts `order-expiry serve` (next to this binary) with `settings`, at the
-/// production log level, under `wrap` when given.
+/// production log level, the sweeper off, under `wrap` when given.
 pub(super) fn serve(settings: &Settings, wrap: Option<&str>) -> anyhow::Result<Child> {
     let exe = std::env::current_exe().context("locating order-expiry-bench")?;
     let serve = exe.with_file_name("order-expiry");
@@ -24,6 +24,10 @@ pub(super) fn serve(settings: &Settings, wrap: Option<&str>) -> anyhow::Result<C
         );
     }
     launch(serve, &["serve"], settings, wrap)
+        // The drain measures the consumer: its orders are past their deadline
+        // by the time the preload ends, and the sweeper (on by default) would
+        // cancel them first.
+        .env("ORDER_EXPIRY__SWEEPER__ENABLED", "false")
         .spawn()
         .context("starting order-expiry serve")
 }

@@ -14,7 +14,8 @@
 //! Each round measures baseline and order-expiry back to back (alternating which
 //! goes first); the table shows medians over rounds and the median of the
 //! per-round ratios. Everything lives under its own topology prefix and schema and
-//! is deleted at the end, also after an error or Ctrl-C.
+//! is deleted at the end, also after an error or Ctrl-C. The rows' targets are
+//! the goals of [`Bench::Throughput`]; a missed one makes the run exit non-zero.
 
 mod bare;
 mod child;
@@ -33,8 +34,9 @@ use serde_json::json;
 
 use order_expiry::{QueueType, Settings};
 
-use self::report::{Row, Target, median};
+use self::report::{Row, median};
 use self::world::World;
+use crate::goals::{self, Bench, Measurement};
 
 /// Arguments of `throughput`.
 #[derive(Debug, Args)]
@@ -115,11 +117,48 @@ pub enum Role {
     Schedule,
 }
 
-/// Runs the throughput benchmark.
+/// What a run measured: the table's rows, the raw figures and the context,
+/// for `throughput.json`.
+#[derive(Debug)]
+pub struct Report {
+    rows: Vec<Row>,
+    json: serde_json::Value,
+}
+
+impl Report {
+    /// The table: each figure beside its baseline, the ratio and the target.
+    pub fn table(&self) -> String {
+        report::table(&self.rows)
+    }
+
+    /// The rows with a goal, named as the goals' measures ([`Bench::Throughput`]).
+    pub fn measurements(&self) -> Vec<Measurement> {
+        report::measurements(&self.rows)
+    }
+}
+
+/// Runs the throughput benchmark, prints its table, writes `--json` and
+/// exits non-zero when a goal it measured is missed.
 pub async fn run(settings: &Settings, args: &ThroughputArgs) -> anyhow::Result<()> {
     if args.role == Some(Role::Schedule) {
         return pipeline::schedule_role(settings, args.orders).await;
     }
+    let report = measure(settings, args).await?;
+    println!("{}", report.table());
+    let text = serde_json::to_string_pretty(&report.json)?;
+    std::fs::write(&args.json, text + "\n")
+        .with_context(|| format!("writing {}", args.json.display()))?;
+    eprintln!("wrote {}", args.json.display());
+    crate::finish(&goals::judge(
+        Bench::Throughput,
+        &report.measurements(),
+        false,
+    ))
+}
+
+/// Measures in a world of its own based on `settings`, removed at the end,
+/// also after an error or Ctrl-C.
+pub async fn measure(settings: &Settings, args: &ThroughputArgs) -> anyhow::Result<Report> {
     let world = World::open(settings).await?;
     eprintln!(
         "throughput: prefix {}-*, schema {}",
@@ -127,13 +166,12 @@ pub async fn run(settings: &Settings, args: &ThroughputArgs) -> anyhow::Result<(
         world.schema()
     );
     let result = tokio::select! {
-        r = measure(&world, args) => r,
+        r = measure_in(&world, args) => r,
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
     };
     eprintln!("cleaning up");
     world.cleanup().await;
     let (rows, details) = result?;
-    println!("{}", report::table(&rows));
     let context = json!({
         "command": std::env::args().collect::<Vec<_>>().join(" "),
         "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
@@ -144,11 +182,8 @@ pub async fn run(settings: &Settings, args: &ThroughputArgs) -> anyhow::Result<(
         "batch_concurrency": settings.consumer.batch_concurrency,
         "max_in_flight": settings.publisher.max_in_flight,
     });
-    let text = serde_json::to_string_pretty(&report::to_json(&rows, context, details))?;
-    std::fs::write(&args.json, text + "\n")
-        .with_context(|| format!("writing {}", args.json.display()))?;
-    eprintln!("wrote {}", args.json.display());
-    Ok(())
+    let json = report::to_json(&rows, context, details);
+    Ok(Report { rows, json })
 }
 
 fn progress(what: &str, t: &phases::Timed, n: usize) {
@@ -169,7 +204,7 @@ fn progress(what: &str, t: &phases::Timed, n: usize) {
 
 type Measured = (Vec<Row>, serde_json::Value);
 
-async fn measure(world: &World, args: &ThroughputArgs) -> anyhow::Result<Measured> {
+async fn measure_in(world: &World, args: &ThroughputArgs) -> anyhow::Result<Measured> {
     let wrap = args.wrap.as_deref();
     let mut rows = Vec::new();
     let mut details = serde_json::Map::new();
@@ -255,7 +290,7 @@ async fn compare(
             unit: "orders/s",
             baseline: e2e_bare,
             ours: e2e_ours,
-            target: Target::RatioAtLeast(0.8),
+            goal: Some(format!("end to end, {name}: ratio to bare lapin")),
             note: format!(
                 "(N - 1) / (first → last cancel committed); {delay_secs} s through the ladder, then held until due"
             ),
@@ -267,7 +302,7 @@ async fn compare(
             unit: "orders/s",
             baseline: pub_bare,
             ours: pub_ours,
-            target: Target::RatioAtLeast(0.8),
+            goal: Some(format!("schedule_many, {name}: ratio to bare lapin")),
             note: "publish with confirms, same window, delays of 1-3 h".into(),
         });
     }
@@ -314,7 +349,7 @@ async fn drain(
         unit: "orders/s",
         baseline: bare,
         ours: ours.clone(),
-        target: Target::RatioAtLeast(0.7),
+        goal: Some("drain: ratio to bare lapin".into()),
         note: "from consumer start to last cancel committed; bare acks each message".into(),
     });
     rows.push(Row {
@@ -322,7 +357,7 @@ async fn drain(
         unit: "orders/s",
         baseline: bare_multi,
         ours,
-        target: Target::None,
+        goal: None,
         note: "bare drain sending one multiple ack per batch_max, as the consumer does".into(),
     });
     rows.push(Row {
@@ -330,7 +365,7 @@ async fn drain(
         unit: "MB",
         baseline: vec![],
         ours: rss,
-        target: Target::AtMost(64.0),
+        goal: Some("consumer peak RSS while draining".into()),
         note: "VmHWM of the order-expiry serve process".into(),
     });
     rows.push(Row {
@@ -338,7 +373,7 @@ async fn drain(
         unit: "CPU-s",
         baseline: cpu_bare,
         ours: cpu_ours,
-        target: Target::None,
+        goal: None,
         note: "user+system; baseline: the bare drain's client".into(),
     });
     details.insert("drain".into(), json!(raw));
@@ -366,7 +401,7 @@ fn footprint_rows(
         unit: "MB",
         baseline: vec![],
         ours: vec![mb(last) - mb(warm)],
-        target: Target::AtMost(4.0),
+        goal: Some(format!("publisher RSS growth, {name}")),
         note: format!(
             "RSS {:.1} MB at 10%, {:.1} MB at the end, max {:.1} MB, peak {:.1} MB; {:.0} orders/s",
             mb(warm),
@@ -381,7 +416,7 @@ fn footprint_rows(
         unit: "MB",
         baseline: vec![],
         ours: vec![mb(p.queue_memory)],
-        target: Target::None,
+        goal: None,
         note: format!(
             "sum of queue memory for {} messages ({:.0} B/message); broker RSS grew {:.1} MB",
             p.messages,

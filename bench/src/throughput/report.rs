@@ -1,7 +1,10 @@
 //! The table the benchmark prints and the JSON it writes: each figure next to its
-//! baseline, the ratio measured in the same rounds, and the target.
+//! baseline, the ratio measured in the same rounds, and the target: the limit
+//! of the row's goal in [`goals::GOALS`].
 
 use serde_json::{Value, json};
+
+use crate::goals::{self, Bench, Limit, Measurement};
 
 /// Median; 0 for none.
 pub(super) fn median(values: &[f64]) -> f64 {
@@ -14,17 +17,6 @@ pub(super) fn median(values: &[f64]) -> f64 {
     }
 }
 
-/// How a ratio is judged.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Target {
-    /// ours / baseline must be at least this.
-    RatioAtLeast(f64),
-    /// The value must be at most this.
-    AtMost(f64),
-    /// Shown for information.
-    None,
-}
-
 /// One line of the table.
 #[derive(Debug, Clone)]
 pub(super) struct Row {
@@ -34,7 +26,9 @@ pub(super) struct Row {
     pub(super) baseline: Vec<f64>,
     /// Per round, order-expiry.
     pub(super) ours: Vec<f64>,
-    pub(super) target: Target,
+    /// The measure of the goal this row is judged by ([`goals::GOALS`],
+    /// throughput); `None`: shown for information.
+    pub(super) goal: Option<String>,
     /// Free text: what the baseline is.
     pub(super) note: String,
 }
@@ -56,20 +50,31 @@ impl Row {
         Some(median(&ratios))
     }
 
-    /// Whether the target is met; `None` without a target.
-    pub(super) fn met(&self) -> Option<bool> {
-        match self.target {
-            Target::RatioAtLeast(min) => self.ratio().map(|r| r >= min),
-            Target::AtMost(max) => Some(median(&self.ours) <= max),
-            Target::None => None,
+    /// What the goal judges: the ratio to the baseline when the row has one,
+    /// else the median of ours.
+    pub(super) fn judged(&self) -> Option<f64> {
+        if self.baseline.is_empty() {
+            (!self.ours.is_empty()).then(|| median(&self.ours))
+        } else {
+            self.ratio()
         }
     }
 
+    fn limit(&self) -> Option<Limit> {
+        goals::limit(Bench::Throughput, self.goal.as_deref()?)
+    }
+
+    /// Whether the goal is met; `None` without a goal.
+    pub(super) fn met(&self) -> Option<bool> {
+        let limit = self.limit()?;
+        Some(self.judged().is_some_and(|v| limit.met(v)))
+    }
+
     fn target_text(&self) -> String {
-        match self.target {
-            Target::RatioAtLeast(min) => format!("ratio >= {min}"),
-            Target::AtMost(max) => format!("<= {}", number(max)),
-            Target::None => String::new(),
+        match self.limit() {
+            None => String::new(),
+            Some(limit) if !self.baseline.is_empty() => format!("ratio {limit}"),
+            Some(limit) => limit.to_string(),
         }
     }
 
@@ -169,6 +174,13 @@ pub(super) fn table(rows: &[Row]) -> String {
     out
 }
 
+/// The rows with a goal, as measurements of it.
+pub(super) fn measurements(rows: &[Row]) -> Vec<Measurement> {
+    rows.iter()
+        .filter_map(|r| Some(Measurement::new(r.goal.clone()?, r.judged()?)))
+        .collect()
+}
+
 /// Everything, for `throughput.json`.
 pub(super) fn to_json(rows: &[Row], context: Value, extra: Value) -> Value {
     json!({
@@ -182,21 +194,52 @@ pub(super) fn to_json(rows: &[Row], context: Value, extra: Value) -> Value {
 mod tests {
     use super::*;
 
+    fn row(goal: Option<&str>, baseline: Vec<f64>, ours: Vec<f64>) -> Row {
+        Row {
+            figure: "x".into(),
+            unit: "msg/s",
+            baseline,
+            ours,
+            goal: goal.map(str::to_owned),
+            note: String::new(),
+        }
+    }
+
     #[test]
     fn medians_and_same_round_ratios() {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
         assert_eq!(median(&[]), 0.0);
-        let row = Row {
-            figure: "x".into(),
-            unit: "msg/s",
-            baseline: vec![100.0, 200.0, 100.0],
-            ours: vec![90.0, 100.0, 80.0],
-            target: Target::RatioAtLeast(0.8),
-            note: String::new(),
-        };
+        let row = row(
+            Some("end to end, quorum: ratio to bare lapin"),
+            vec![100.0, 200.0, 100.0],
+            vec![90.0, 100.0, 80.0],
+        );
         assert_eq!(row.ratio(), Some(0.8));
         assert_eq!(row.met(), Some(true));
-        assert!(table(&[row]).contains("| yes |"));
+        let text = table(&[row]);
+        assert!(text.contains("| ratio >= 0.80 | yes |"), "{text}");
+    }
+
+    #[test]
+    fn rows_are_judged_by_their_goal_in_the_goals_table() {
+        let drain = row(Some("drain: ratio to bare lapin"), vec![100.0], vec![69.0]);
+        assert_eq!(drain.met(), Some(false), "drain's goal is 0.7");
+        let rss = row(Some("consumer peak RSS while draining"), vec![], vec![20.3]);
+        assert_eq!((rss.judged(), rss.met()), (Some(20.3), Some(true)));
+        let unmeasured = row(Some("publisher RSS growth, quorum"), vec![], vec![]);
+        assert_eq!(unmeasured.met(), Some(false));
+        let info = row(None, vec![1.0], vec![2.0]);
+        assert_eq!(info.met(), None);
+        let text = table(&[drain.clone(), rss.clone(), info.clone()]);
+        assert!(text.contains("| ratio >= 0.70 | NO  |"), "{text}");
+        assert!(text.contains("| <= 64 "), "{text}");
+        assert_eq!(
+            measurements(&[drain, rss, unmeasured, info]),
+            [
+                Measurement::new("drain: ratio to bare lapin", 0.69),
+                Measurement::new("consumer peak RSS while draining", 20.3),
+            ]
+        );
     }
 }

@@ -88,15 +88,17 @@ impl World {
         Ok(())
     }
 
-    /// Replaces every order with `n` unpaid ones, `{tag}-1` … `{tag}-n`, and
-    /// refreshes the planner statistics so the cancel uses the primary key.
+    /// Replaces every order with `n` unpaid ones, `{tag}-1` … `{tag}-n`, due a
+    /// minute ago (not later than the preloaded messages' `due_at`, or the
+    /// deadline rule leaves them unpaid), and refreshes the planner statistics
+    /// so the cancel uses the primary key.
     pub(super) async fn seed_orders(&self, tag: &str, n: usize) -> anyhow::Result<()> {
         let client = self.store.client().await?;
         client.batch_execute("TRUNCATE orders").await?;
         let n = i64::try_from(n)?;
         client
             .execute(
-                "INSERT INTO orders (id, pay_deadline) SELECT $1 || '-' || g, now() FROM generate_series(1, $2::bigint) g",
+                "INSERT INTO orders (id, pay_deadline) SELECT $1 || '-' || g, now() - interval '1 minute' FROM generate_series(1, $2::bigint) g",
                 &[&tag, &n],
             )
             .await?;

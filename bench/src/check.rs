@@ -1,0 +1,171 @@
+//! `order-expiry-bench check`: every benchmark, one after the other, at the
+//! settings its goals were stated for ([`Bench::args`]), judged against every
+//! goal in [`goals::GOALS`]: one table, and a non-zero exit when a goal is
+//! missed or a benchmark could not run. `--quick` runs short versions to try
+//! it out; the goals are stated for the full ones.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use chrono::Utc;
+use clap::{Args, Parser};
+use order_expiry::Settings;
+use serde_json::json;
+
+use crate::goals::{self, Bench, Measurement};
+use crate::{lateness, outbox, throughput};
+
+/// Arguments of `check`.
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    /// Short runs (about 3 minutes in all) to try the check out; the goals
+    /// are stated for the full settings (about 20 minutes).
+    #[arg(long)]
+    pub quick: bool,
+    /// Also write the verdicts as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+/// Runs every benchmark, prints each one's report and then the goals table;
+/// an error when a goal is missed.
+pub async fn run(settings: &Settings, args: &CheckArgs) -> anyhow::Result<()> {
+    let started = Utc::now();
+    let mut verdicts = Vec::new();
+    let mut errors = Vec::new();
+    for bench in Bench::ALL {
+        let cli = bench.args(args.quick);
+        eprintln!("check: {bench} {cli}");
+        let measured = match measure(settings, bench, cli).await {
+            Ok(measured) => measured,
+            Err(e) => {
+                eprintln!("check: {bench} failed: {e:#}");
+                errors.push(format!("{bench}: {e:#}"));
+                Vec::new()
+            }
+        };
+        verdicts.extend(goals::judge(bench, &measured, true));
+    }
+    let settings_name = if args.quick {
+        "quick settings: NOT the settings the goals were stated for"
+    } else {
+        "the settings the goals were stated for"
+    };
+    println!(
+        "goals on {} ({settings_name}), started {}",
+        settings.amqp.display_url(),
+        started.format("%Y-%m-%d %H:%M UTC")
+    );
+    for e in &errors {
+        println!("failed to run: {e}");
+    }
+    if let Some(path) = &args.json {
+        let value = json!({
+            "started": started.to_rfc3339(),
+            "broker": settings.amqp.display_url(),
+            "quick": args.quick,
+            "runs": Bench::ALL.map(|b| json!({"bench": b, "args": b.args(args.quick)})),
+            "verdicts": verdicts,
+            "errors": errors,
+            "met": goals::all_met(&verdicts),
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&value)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    crate::finish(&verdicts)
+}
+
+/// Runs one benchmark with `cli` as its arguments and prints its report.
+async fn measure(settings: &Settings, bench: Bench, cli: &str) -> anyhow::Result<Vec<Measurement>> {
+    Ok(match bench {
+        Bench::Lateness | Bench::Burst => {
+            let report = lateness::measure(settings, &parse(cli)?).await?;
+            println!("{}", lateness::table(&report));
+            report.measurements()
+        }
+        Bench::Throughput => {
+            let report = throughput::measure(settings, &parse(cli)?).await?;
+            println!("{}", report.table());
+            report.measurements()
+        }
+        Bench::Outbox => {
+            let report = outbox::measure(settings, &parse(cli)?).await?;
+            println!("{}", outbox::table(&report));
+            report.measurements()
+        }
+    })
+}
+
+/// A subcommand's arguments from its command line.
+fn parse<A: Args>(cli: &str) -> anyhow::Result<A> {
+    #[derive(Parser)]
+    struct One<A: Args> {
+        #[command(flatten)]
+        args: A,
+    }
+    let argv = std::iter::once("order-expiry-bench").chain(cli.split_whitespace());
+    let one = One::<A>::try_parse_from(argv).with_context(|| format!("arguments {cli:?}"))?;
+    Ok(one.args)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn every_run_parses_at_the_settings_of_its_goals() {
+        let steady: lateness::LatenessArgs = parse(Bench::Lateness.args(false)).unwrap();
+        assert_eq!(steady.rate, 200);
+        assert_eq!(steady.duration, Duration::from_secs(60));
+        assert_eq!(
+            (steady.min_delay, steady.max_delay),
+            (Duration::from_secs(1), Duration::from_secs(60))
+        );
+        assert_eq!(
+            (steady.pay_share, steady.no_naive, steady.burst),
+            (0.2, false, 0)
+        );
+
+        let burst: lateness::LatenessArgs = parse(Bench::Burst.args(false)).unwrap();
+        assert_eq!((burst.rate, burst.burst, burst.no_naive), (200, 2000, true));
+        assert_eq!(burst.duration, Duration::from_secs(20));
+        assert_eq!(burst.max_delay, Duration::from_secs(20));
+        assert_eq!(burst.burst_at, Duration::from_secs(8));
+        assert_eq!(burst.burst_over, Duration::from_secs(1));
+        assert_eq!(
+            (burst.burst_min_delay, burst.burst_max_delay),
+            (Duration::from_secs(1), Duration::from_secs(15))
+        );
+
+        let tp: throughput::ThroughputArgs = parse(Bench::Throughput.args(false)).unwrap();
+        assert_eq!(
+            (tp.orders, tp.drain, tp.pending, tp.rounds),
+            (20_000, 100_000, 1_000_000, 3)
+        );
+        assert_eq!(tp.queue_types.len(), 2);
+        assert_eq!(tp.phases.len(), 4);
+
+        let ob: outbox::OutboxArgs = parse(Bench::Outbox.args(false)).unwrap();
+        assert_eq!((ob.rate, ob.writers), (1000, 8));
+        assert_eq!(
+            (ob.duration, ob.warmup),
+            (Duration::from_secs(60), Duration::from_secs(5))
+        );
+    }
+
+    #[test]
+    fn quick_runs_parse_and_are_shorter() {
+        let l: lateness::LatenessArgs = parse(Bench::Lateness.args(true)).unwrap();
+        assert!(l.duration < Duration::from_secs(60));
+        let b: lateness::LatenessArgs = parse(Bench::Burst.args(true)).unwrap();
+        assert!(b.burst > 0 && b.duration < Duration::from_secs(20));
+        let t: throughput::ThroughputArgs = parse(Bench::Throughput.args(true)).unwrap();
+        assert!(t.pending < 1_000_000 && t.rounds == 1);
+        let o: outbox::OutboxArgs = parse(Bench::Outbox.args(true)).unwrap();
+        assert!(o.duration < Duration::from_secs(60));
+        assert!(parse::<outbox::OutboxArgs>("--no-such-flag").is_err());
+    }
+}

@@ -1,0 +1,482 @@
+//! Every benchmark goal the README states, in one table, with the settings it
+//! was stated for, and the pure judging of measured figures against it: which
+//! goals are met, the table `check` prints and whether it exits non-zero.
+//!
+//! A benchmark turns its report into [`Measurement`]s named like the goals'
+//! measures; [`judge`] walks the goals, not the measurements, so a goal whose
+//! figure is absent (a renamed measure, a benchmark that failed) is missed,
+//! never silently passed.
+
+use std::fmt;
+
+use serde::Serialize;
+
+/// One benchmark run, as `check` runs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Bench {
+    /// `lateness`: the steady stream at its defaults.
+    Lateness,
+    /// `lateness --burst`: the flash sale on top of a steady stream.
+    Burst,
+    /// `throughput`: against bare lapin, and the footprint.
+    Throughput,
+    /// `outbox`: the relay lag.
+    Outbox,
+}
+
+impl Bench {
+    /// Every benchmark, in the order `check` runs them.
+    pub const ALL: [Bench; 4] = [Self::Lateness, Self::Burst, Self::Throughput, Self::Outbox];
+
+    /// The subcommand's arguments the goals were stated for (`quick`: short
+    /// runs for trying `check` out; the goals are not judged on those).
+    pub fn args(self, quick: bool) -> &'static str {
+        match (self, quick) {
+            // README, Timeliness: `target/release/order-expiry-bench lateness`,
+            // its defaults (200 orders/s for 60 s, delays 1-60 s, 20% paid,
+            // beside the naive design).
+            (Self::Lateness, false) => "--quiet",
+            (Self::Lateness, true) => "--quiet --no-naive --duration 10s --max-delay 10s",
+            // README, Timeliness, Flash sales: the command above its tables.
+            (Self::Burst, false) => {
+                "--quiet --rate 200 --duration 20s --max-delay 20s --burst 2000 --burst-at 8s --no-naive"
+            }
+            (Self::Burst, true) => {
+                "--quiet --rate 200 --duration 8s --max-delay 8s --burst 2000 --burst-at 3s --burst-max-delay 5s --no-naive"
+            }
+            // README, Performance: `target/release/order-expiry-bench
+            // throughput`, its defaults (the full run), and its ~1 min line.
+            (Self::Throughput, false) => "",
+            (Self::Throughput, true) => "--orders 2000 --drain 5000 --pending 20000 --rounds 1",
+            // README, Performance, Outbox relay lag: `order-expiry-bench
+            // outbox`, its defaults (1,000/s for 60 s, 8 writers, 5 s warm-up).
+            (Self::Outbox, false) => "",
+            (Self::Outbox, true) => "--duration 10s --warmup 2s",
+        }
+    }
+}
+
+impl fmt::Display for Bench {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Lateness => "lateness",
+            Self::Burst => "lateness --burst",
+            Self::Throughput => "throughput",
+            Self::Outbox => "outbox",
+        })
+    }
+}
+
+/// What a figure must be.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Limit {
+    /// Exactly none (a count).
+    Zero,
+    /// Strictly less than this.
+    Below(f64),
+    /// At most this.
+    AtMost(f64),
+    /// At least this.
+    AtLeast(f64),
+}
+
+impl Limit {
+    /// Whether `value` meets the limit; a NaN never does.
+    pub fn met(self, value: f64) -> bool {
+        match self {
+            Self::Zero => value == 0.0,
+            Self::Below(max) => value < max,
+            Self::AtMost(max) => value <= max,
+            Self::AtLeast(min) => value >= min,
+        }
+    }
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Zero => f.write_str("none"),
+            Self::Below(v) => write!(f, "< {}", number(*v)),
+            Self::AtMost(v) => write!(f, "<= {}", number(*v)),
+            Self::AtLeast(v) => write!(f, ">= {}", number(*v)),
+        }
+    }
+}
+
+/// One goal: a benchmark's measure and its limit.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Goal {
+    /// Which benchmark measures it, at [`Bench::args`].
+    pub bench: Bench,
+    /// The figure, as the benchmark names it in its [`Measurement`]s.
+    pub measure: &'static str,
+    /// What it must be.
+    pub limit: Limit,
+    /// Its unit ("" for a ratio).
+    pub unit: &'static str,
+}
+
+const fn goal(bench: Bench, measure: &'static str, limit: Limit, unit: &'static str) -> Goal {
+    Goal {
+        bench,
+        measure,
+        limit,
+        unit,
+    }
+}
+
+/// Every goal the README states for a benchmark, and where.
+#[rustfmt::skip]
+pub const GOALS: &[Goal] = &[
+    // README, Timeliness: the lateness benchmark "exits non-zero if the ladder
+    // cancelled early or missed one".
+    goal(Bench::Lateness, "ladder: cancelled early", Limit::Zero, "orders"),
+    goal(Bench::Lateness, "ladder: missed", Limit::Zero, "orders"),
+    // README, Tests: "the timeliness promise ... p99 under 1 s" (also the
+    // lateness alert's threshold, Operating it, What to alert on). The README
+    // states no tighter steady-stream goal; its 4-5 ms are measurements.
+    goal(Bench::Lateness, "ladder: p99 lateness", Limit::Below(1000.0), "ms"),
+    // README, Flash sales: "never early and none missed in every run", both
+    // streams (what `bench/tests/burst.rs` asserts in scripts/test).
+    goal(Bench::Burst, "steady stream: cancelled early", Limit::Zero, "orders"),
+    goal(Bench::Burst, "steady stream: missed", Limit::Zero, "orders"),
+    goal(Bench::Burst, "flash sale: cancelled early", Limit::Zero, "orders"),
+    goal(Bench::Burst, "flash sale: missed", Limit::Zero, "orders"),
+    // README, Flash sales: "The goal (p99 ≤ 20 ms, max ≤ 100 ms for the sale)"
+    // (`bench/tests/burst.rs`, its ignored test).
+    goal(Bench::Burst, "flash sale: p99 lateness", Limit::AtMost(20.0), "ms"),
+    goal(Bench::Burst, "flash sale: max lateness", Limit::AtMost(100.0), "ms"),
+    // README, Performance: the throughput table's target column (order-expiry
+    // over bare lapin, median of the per-round ratios).
+    goal(Bench::Throughput, "end to end, quorum: ratio to bare lapin", Limit::AtLeast(0.8), ""),
+    goal(Bench::Throughput, "schedule_many, quorum: ratio to bare lapin", Limit::AtLeast(0.8), ""),
+    goal(Bench::Throughput, "end to end, classic: ratio to bare lapin", Limit::AtLeast(0.8), ""),
+    goal(Bench::Throughput, "schedule_many, classic: ratio to bare lapin", Limit::AtLeast(0.8), ""),
+    goal(Bench::Throughput, "drain: ratio to bare lapin", Limit::AtLeast(0.7), ""),
+    goal(Bench::Throughput, "consumer peak RSS while draining", Limit::AtMost(64.0), "MB"),
+    goal(Bench::Throughput, "publisher RSS growth, quorum", Limit::AtMost(4.0), "MB"),
+    goal(Bench::Throughput, "publisher RSS growth, classic", Limit::AtMost(4.0), "MB"),
+    // README, Outbox relay lag: "The target, p99 at most 50 ms at 1,000
+    // rows/s", every committed row relayed (its table: "all relayed";
+    // `bench/tests/outbox.rs`).
+    goal(Bench::Outbox, "rows not relayed", Limit::Zero, "rows"),
+    goal(Bench::Outbox, "commit → confirm p99", Limit::AtMost(50.0), "ms"),
+];
+
+/// The goals of one benchmark.
+pub fn of(bench: Bench) -> impl Iterator<Item = &'static Goal> {
+    GOALS.iter().filter(move |g| g.bench == bench)
+}
+
+/// The limit of `bench`'s goal for `measure`, if it has one.
+pub fn limit(bench: Bench, measure: &str) -> Option<Limit> {
+    of(bench).find(|g| g.measure == measure).map(|g| g.limit)
+}
+
+/// A figure a benchmark measured.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Measurement {
+    /// Which goal's measure it is.
+    pub measure: String,
+    /// The figure, in the goal's unit.
+    pub value: f64,
+}
+
+impl Measurement {
+    /// `value` for the goal named `measure`.
+    pub fn new(measure: impl Into<String>, value: f64) -> Self {
+        Self {
+            measure: measure.into(),
+            value,
+        }
+    }
+}
+
+/// A goal and what was measured for it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Verdict {
+    /// The goal.
+    pub goal: Goal,
+    /// The figure; `None` when the benchmark did not measure it.
+    pub measured: Option<f64>,
+    /// Whether the goal is met: never when nothing was measured.
+    pub met: bool,
+}
+
+/// Judges `bench`'s goals by its measurements. `all`: every goal counts,
+/// measured or not (`check`); otherwise only the goals measured (a
+/// subcommand run with some phases or queue types left out).
+pub fn judge(bench: Bench, measured: &[Measurement], all: bool) -> Vec<Verdict> {
+    of(bench)
+        .map(|goal| {
+            let measured = measured
+                .iter()
+                .find(|m| m.measure == goal.measure)
+                .map(|m| m.value);
+            Verdict {
+                goal: *goal,
+                measured,
+                met: measured.is_some_and(|v| goal.limit.met(v)),
+            }
+        })
+        .filter(|v| all || v.measured.is_some())
+        .collect()
+}
+
+/// Whether to exit zero: something was judged and every goal is met.
+pub fn all_met(verdicts: &[Verdict]) -> bool {
+    !verdicts.is_empty() && verdicts.iter().all(|v| v.met)
+}
+
+/// The last line of a run: how many goals were met, the missed ones with
+/// their figures, and how many were not measured at all.
+pub fn summary(verdicts: &[Verdict]) -> String {
+    let missed: Vec<String> = verdicts
+        .iter()
+        .filter(|v| !v.met && v.measured.is_some())
+        .map(|v| {
+            format!(
+                "{}: {} {} (goal {})",
+                v.goal.bench,
+                v.goal.measure,
+                measured_text(v),
+                goal_text(&v.goal)
+            )
+        })
+        .collect();
+    let unmeasured = verdicts.iter().filter(|v| v.measured.is_none()).count();
+    let n = verdicts.len();
+    let mut line = match missed.len() + unmeasured {
+        _ if n == 0 => return "no goal was judged".to_owned(),
+        0 => return format!("{n} of {n} goals met"),
+        m => format!("{m} of {n} goals missed"),
+    };
+    if !missed.is_empty() {
+        line.push_str(&format!(": {}", missed.join("; ")));
+    }
+    if unmeasured > 0 {
+        line.push_str(&format!(
+            "{}{unmeasured} not measured",
+            if missed.is_empty() { ": " } else { "; " }
+        ));
+    }
+    line
+}
+
+/// The table: benchmark, measure, goal, measured, met.
+pub fn table(verdicts: &[Verdict]) -> String {
+    let header = ["benchmark", "measure", "goal", "measured", "met"].map(str::to_owned);
+    let cells: Vec<[String; 5]> = verdicts
+        .iter()
+        .map(|v| {
+            [
+                v.goal.bench.to_string(),
+                v.goal.measure.to_owned(),
+                goal_text(&v.goal),
+                measured_text(v),
+                if v.met { "yes" } else { "NO" }.to_owned(),
+            ]
+        })
+        .collect();
+    let mut widths = header.each_ref().map(|h| h.chars().count());
+    for row in &cells {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |row: &[String; 5]| {
+        let mut out = String::from("|");
+        for (c, w) in row.iter().zip(widths) {
+            out.push_str(&format!(" {c}{} |", " ".repeat(w - c.chars().count())));
+        }
+        out.push('\n');
+        out
+    };
+    let mut out = line(&header);
+    out.push('|');
+    for w in widths {
+        out.push_str(&format!(" {} |", "-".repeat(w)));
+    }
+    out.push('\n');
+    for row in &cells {
+        out.push_str(&line(row));
+    }
+    out
+}
+
+fn goal_text(goal: &Goal) -> String {
+    match goal.limit {
+        Limit::Zero => "none".to_owned(),
+        limit => with_unit(limit.to_string(), goal.unit),
+    }
+}
+
+fn measured_text(v: &Verdict) -> String {
+    match v.measured {
+        None => "not measured".to_owned(),
+        Some(x) => with_unit(number(x), v.goal.unit),
+    }
+}
+
+fn with_unit(text: String, unit: &str) -> String {
+    if unit.is_empty() {
+        text
+    } else {
+        format!("{text} {unit}")
+    }
+}
+
+/// A readable number: whole when large or integral, else one or two decimals.
+fn number(v: f64) -> String {
+    if v.fract() == 0.0 || v.abs() >= 100.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(measure: &str, value: f64) -> Measurement {
+        Measurement::new(measure, value)
+    }
+
+    #[test]
+    fn limits_judge_at_their_bounds() {
+        assert!(Limit::Zero.met(0.0));
+        assert!(!Limit::Zero.met(1.0));
+        assert!(Limit::AtMost(20.0).met(20.0));
+        assert!(!Limit::AtMost(20.0).met(20.1));
+        assert!(!Limit::Below(1000.0).met(1000.0));
+        assert!(Limit::Below(1000.0).met(999.9));
+        assert!(Limit::AtLeast(0.8).met(0.8));
+        assert!(!Limit::AtLeast(0.8).met(0.79));
+        for limit in [Limit::Zero, Limit::AtMost(1.0), Limit::AtLeast(0.0)] {
+            assert!(!limit.met(f64::NAN), "{limit:?} with NaN");
+        }
+    }
+
+    #[test]
+    fn every_goal_is_unique_and_every_bench_has_goals() {
+        for (i, a) in GOALS.iter().enumerate() {
+            for b in &GOALS[i + 1..] {
+                assert!(
+                    !(a.bench == b.bench && a.measure == b.measure),
+                    "{a:?} twice"
+                );
+            }
+        }
+        for bench in Bench::ALL {
+            assert!(of(bench).count() > 0, "{bench} has no goal");
+        }
+    }
+
+    #[test]
+    fn the_stated_limits() {
+        let at = |b, m| limit(b, m).unwrap_or_else(|| panic!("no goal {m}"));
+        assert_eq!(
+            at(Bench::Burst, "flash sale: p99 lateness"),
+            Limit::AtMost(20.0)
+        );
+        assert_eq!(
+            at(Bench::Burst, "flash sale: max lateness"),
+            Limit::AtMost(100.0)
+        );
+        assert_eq!(
+            at(Bench::Outbox, "commit → confirm p99"),
+            Limit::AtMost(50.0)
+        );
+        assert_eq!(
+            at(Bench::Throughput, "drain: ratio to bare lapin"),
+            Limit::AtLeast(0.7)
+        );
+        assert_eq!(limit(Bench::Outbox, "flash sale: p99 lateness"), None);
+    }
+
+    #[test]
+    fn a_check_misses_a_goal_that_was_not_measured() {
+        let measured = [m("rows not relayed", 0.0)];
+        let all = judge(Bench::Outbox, &measured, true);
+        assert_eq!(all.len(), 2);
+        let p99 = all
+            .iter()
+            .find(|v| v.goal.measure == "commit → confirm p99");
+        assert_eq!(p99.map(|v| (v.measured, v.met)), Some((None, false)));
+        assert!(!all_met(&all));
+        // A subcommand judges only what it measured.
+        let some = judge(Bench::Outbox, &measured, false);
+        assert_eq!(some.len(), 1);
+        assert!(all_met(&some));
+    }
+
+    #[test]
+    fn exit_zero_only_when_every_goal_is_met() {
+        let met = [m("rows not relayed", 0.0), m("commit → confirm p99", 50.0)];
+        assert!(all_met(&judge(Bench::Outbox, &met, true)));
+        let late = [m("rows not relayed", 0.0), m("commit → confirm p99", 50.5)];
+        assert!(!all_met(&judge(Bench::Outbox, &late, true)));
+        let lost = [m("rows not relayed", 3.0), m("commit → confirm p99", 10.0)];
+        assert!(!all_met(&judge(Bench::Outbox, &lost, true)));
+        assert!(!all_met(&[]), "nothing judged is not a pass");
+        assert!(!all_met(&judge(Bench::Outbox, &[], false)));
+    }
+
+    #[test]
+    fn the_table_and_summary_name_the_missed_goal() {
+        let verdicts = judge(
+            Bench::Burst,
+            &[
+                m("steady stream: cancelled early", 0.0),
+                m("steady stream: missed", 0.0),
+                m("flash sale: cancelled early", 0.0),
+                m("flash sale: missed", 0.0),
+                m("flash sale: p99 lateness", 61.3),
+                m("flash sale: max lateness", 99.5),
+            ],
+            true,
+        );
+        let expected = "\
+| benchmark        | measure                        | goal      | measured | met |
+| ---------------- | ------------------------------ | --------- | -------- | --- |
+| lateness --burst | steady stream: cancelled early | none      | 0 orders | yes |
+| lateness --burst | steady stream: missed          | none      | 0 orders | yes |
+| lateness --burst | flash sale: cancelled early    | none      | 0 orders | yes |
+| lateness --burst | flash sale: missed             | none      | 0 orders | yes |
+| lateness --burst | flash sale: p99 lateness       | <= 20 ms  | 61.3 ms  | NO  |
+| lateness --burst | flash sale: max lateness       | <= 100 ms | 99.5 ms  | yes |
+";
+        assert_eq!(table(&verdicts), expected);
+        assert_eq!(
+            summary(&verdicts),
+            "1 of 6 goals missed: lateness --burst: flash sale: p99 lateness 61.3 ms (goal <= 20 ms)"
+        );
+        let ok = judge(Bench::Outbox, &[m("commit → confirm p99", 10.9)], false);
+        assert_eq!(summary(&ok), "1 of 1 goals met");
+        assert_eq!(summary(&[]), "no goal was judged");
+        let failed = judge(Bench::Outbox, &[m("rows not relayed", 2.0)], true);
+        assert_eq!(
+            summary(&failed),
+            "2 of 2 goals missed: outbox: rows not relayed 2 rows (goal none); 1 not measured"
+        );
+        assert_eq!(
+            summary(&judge(Bench::Outbox, &[], true)),
+            "2 of 2 goals missed: 2 not measured"
+        );
+    }
+
+    #[test]
+    fn numbers_read_as_in_the_readme() {
+        assert_eq!(number(0.0), "0");
+        assert_eq!(number(0.94), "0.94");
+        assert_eq!(number(10.94), "10.9");
+        assert_eq!(number(1237.4), "1237");
+        assert_eq!(Limit::AtLeast(0.8).to_string(), ">= 0.80");
+        assert_eq!(Limit::Below(1000.0).to_string(), "< 1000");
+    }
+}
