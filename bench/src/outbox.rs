@@ -350,6 +350,7 @@ mod tests {
             committed: 1000,
             commit_rate: 1000.0,
             relayed,
+            duplicates: 0,
             measured: 900,
             commit_to_confirm_ms: [2.0, 5.0, p99, 20.0, 40.0],
             created_to_confirm_ms: [2.0, 5.0, 14.0, 20.0, 40.0],
