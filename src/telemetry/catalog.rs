@@ -298,6 +298,41 @@ mod tests {
         assert!(queried > 0, "the dashboard queries no order_expiry_ metric");
     }
 
+    /// Every `order_expiry_*` series the alerting rules query is exported (a
+    /// renamed metric would leave its alert silent forever).
+    #[test]
+    fn the_alert_rules_query_exported_metrics() {
+        let rules = repo_file("deploy/prometheus/order-expiry-rules.yaml");
+        let catalog = by_name();
+        let mut queried = BTreeSet::new();
+        // The queries: every line but comments and the annotations' prose.
+        let prose = ["#", "summary:", "description:"];
+        for line in rules
+            .lines()
+            .filter(|l| !prose.iter().any(|p| l.trim_start().starts_with(p)))
+        {
+            for name in words(line).filter(|w| w.starts_with("order_expiry_")) {
+                let base = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s))
+                    .filter(|b| catalog.get(b).is_some_and(|m| m.kind == Kind::Histogram))
+                    .unwrap_or(name);
+                assert!(
+                    catalog.contains_key(base),
+                    "the alert rules query {name}, which nothing exports"
+                );
+                queried.insert(base);
+            }
+        }
+        for alerted in [
+            "order_expiry_overdue_unpaid",
+            "order_expiry_arrival_lateness_seconds",
+            "order_expiry_swept_total",
+        ] {
+            assert!(queried.contains(alerted), "no alert reads {alerted}");
+        }
+    }
+
     /// The label lists of `by (...)` and `without (...)` clauses.
     fn groupings(expr: &str) -> impl Iterator<Item = &str> {
         ["by", "without"].into_iter().flat_map(move |keyword| {
