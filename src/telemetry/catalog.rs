@@ -273,11 +273,7 @@ mod tests {
             let expr = target["expr"].as_str().unwrap_or_default();
             let mut labels: BTreeSet<&str> = BTreeSet::from(["le"]);
             for name in words(expr).filter(|w| w.starts_with("order_expiry_")) {
-                let base = ["_bucket", "_sum", "_count"]
-                    .iter()
-                    .find_map(|s| name.strip_suffix(s))
-                    .filter(|b| catalog.get(b).is_some_and(|m| m.kind == Kind::Histogram))
-                    .unwrap_or(name);
+                let base = series_metric(&catalog, name);
                 let metric = catalog.get(base).unwrap_or_else(|| {
                     panic!("the dashboard queries {name}, which nothing exports")
                 });
@@ -312,11 +308,7 @@ mod tests {
             .filter(|l| !prose.iter().any(|p| l.trim_start().starts_with(p)))
         {
             for name in words(line).filter(|w| w.starts_with("order_expiry_")) {
-                let base = ["_bucket", "_sum", "_count"]
-                    .iter()
-                    .find_map(|s| name.strip_suffix(s))
-                    .filter(|b| catalog.get(b).is_some_and(|m| m.kind == Kind::Histogram))
-                    .unwrap_or(name);
+                let base = series_metric(&catalog, name);
                 assert!(
                     catalog.contains_key(base),
                     "the alert rules query {name}, which nothing exports"
@@ -331,6 +323,16 @@ mod tests {
         ] {
             assert!(queried.contains(alerted), "no alert reads {alerted}");
         }
+    }
+
+    /// The metric a queried series belongs to: a histogram's `_bucket`,
+    /// `_sum` and `_count` series are its own; any other name is itself.
+    fn series_metric<'a>(catalog: &BTreeMap<&str, Metric>, series: &'a str) -> &'a str {
+        ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| series.strip_suffix(s))
+            .filter(|b| catalog.get(b).is_some_and(|m| m.kind == Kind::Histogram))
+            .unwrap_or(series)
     }
 
     /// The label lists of `by (...)` and `without (...)` clauses.
