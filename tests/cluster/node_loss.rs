@@ -28,9 +28,11 @@ const BOUND: Duration = Duration::from_secs(10);
 
 /// With the majority lost, nothing moves until a second node is back; then
 /// every order is cancelled within this of max(due, quorum back): the restart
-/// bound plus the nodes' own recovery of their quorum queues (measured here:
-/// 13-14 s in the lost attempt, see README, Running on a cluster).
-const MAJORITY_BOUND: Duration = Duration::from_secs(20);
+/// bound plus the nodes' own recovery of their quorum queues. Measured here
+/// from the first confirm after the loss (the majority's real return, up to
+/// 3 s before node 2's start returns): 16.8 s on a shared machine; from the
+/// start's return, as before, it read 8.5 s.
+const MAJORITY_BOUND: Duration = Duration::from_secs(30);
 
 /// The publishers' confirm timeout.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(3);
