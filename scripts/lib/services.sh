@@ -228,6 +228,11 @@ rabbitmq_system_pid() {
 restart_rabbitmq() {
   local pid
   timeout 60 rabbitmqctl -q stop >/dev/null 2>&1 || true
+  # `stop` returns while the beam is still exiting: give it 30 s.
+  for _ in $(seq 1 60); do
+    rabbitmq_system_pid >/dev/null || break
+    sleep 0.5
+  done
   if pid=$(rabbitmq_system_pid); then
     log "RabbitMQ did not stop: kill -9 $pid"
     kill -9 "$pid" 2>/dev/null || true
