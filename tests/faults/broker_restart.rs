@@ -11,8 +11,8 @@
 //! The sweeper is off: every cancel is one the ladder delivered and the
 //! consumer made, so a lost message fails the test. The broker carries the
 //! topology ballast ([`ensure_ballast`]), so a level's dead-letter worker
-//! really does stall at boot (the figures line counts the levels that logged
-//! it); it retries after the node's `dead_letter_worker_publisher_confirm_timeout`
+//! really does stall at boot (the figures line counts the broker's log lines
+//! about it); it retries after the node's `dead_letter_worker_publisher_confirm_timeout`
 //! ([`dead_letter_retry`]): 5 s with the deployed configuration scripts/test
 //! gives the brokers, so the bound is 10 s; 180 s on stock settings
 //! (`ORDER_EXPIRY_BROKER_SETTINGS=stock`), where the same tests hold the

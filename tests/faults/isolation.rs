@@ -217,6 +217,9 @@ async fn a_deleted_due_queue_is_declared_again_and_nothing_is_lost() {
     /// The orders a deletion can take down: due from just before it (held
     /// early, at most 1 s) to a few seconds after (the repair's gap).
     const SWEPT_WITHIN: Duration = Duration::from_secs(5);
+    /// The sweeper: every second, 3 s of grace.
+    const SWEEP_EVERY: Duration = Duration::from_secs(1);
+    const GRACE: Duration = Duration::from_secs(3);
     let retry = tokio::task::spawn_blocking(dead_letter_retry)
         .await
         .expect("dead-letter retry");
@@ -225,8 +228,14 @@ async fn a_deleted_due_queue_is_declared_again_and_nothing_is_lost() {
     let served = world
         .serve(&[
             ("ORDER_EXPIRY__SWEEPER__ENABLED", "true"),
-            ("ORDER_EXPIRY__SWEEPER__INTERVAL_MS", "1000"),
-            ("ORDER_EXPIRY__SWEEPER__GRACE_MS", "3000"),
+            (
+                "ORDER_EXPIRY__SWEEPER__INTERVAL_MS",
+                &SWEEP_EVERY.as_millis().to_string(),
+            ),
+            (
+                "ORDER_EXPIRY__SWEEPER__GRACE_MS",
+                &GRACE.as_millis().to_string(),
+            ),
         ])
         .await;
     served.wait_ready(Duration::from_secs(30)).await;
@@ -277,7 +286,7 @@ async fn a_deleted_due_queue_is_declared_again_and_nothing_is_lost() {
     // Swept: cancelled more than the grace after their due time (the ladder's
     // cancels are milliseconds late). Each must be one the deletion took.
     let rows = world.rows().await;
-    let grace = chrono::TimeDelta::seconds(3);
+    let grace = chrono::TimeDelta::from_std(GRACE).expect("grace");
     let window = deleted_wall - chrono::TimeDelta::seconds(1)
         ..=deleted_wall + chrono::TimeDelta::from_std(SWEPT_WITHIN).expect("window");
     let swept_orders: Vec<_> = rows
@@ -314,7 +323,7 @@ async fn a_deleted_due_queue_is_declared_again_and_nothing_is_lost() {
     assert_eq!(swept, swept_orders.len() as f64, "swept orders counted");
     // Sweeper bound for the ones the deletion took, the ladder's for the rest.
     assert!(
-        figures.max_lateness <= Duration::from_secs(3 + 1 + 2),
+        figures.max_lateness <= GRACE + SWEEP_EVERY + Duration::from_secs(2),
         "cancelled up to {:?} after the due time: {figures:?}",
         figures.max_lateness
     );
