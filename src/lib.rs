@@ -71,13 +71,14 @@ pub use crate::ops::{
     ReplaySelection, STATUS_VERSION, Status,
 };
 pub use crate::publisher::{
-    ExpiryMessage, InvalidOrderId, Malformed, OrderId, ScheduleError, Scheduled, Scheduler,
+    BadEntry, DueMessage, ExpiryMessage, InvalidOrderId, Malformed, OrderId, ScheduleError,
+    Scheduled, Scheduler,
 };
 #[cfg(feature = "outbox")]
 pub use crate::publisher::{OUTBOX_INSERT_SQL, OutboxEntry, OutboxError};
 #[cfg(feature = "service")]
 pub use crate::service::{
-    Action, ActionError, Arrival, BuildError, CheckAnswer, ConfiguredAction, Consumer,
+    Action, ActionError, Arrival, BuildError, BundlePart, CheckAnswer, ConfiguredAction, Consumer,
     ConsumerError, Disposition, EventAction, Expiring, FailureClass, Handled, HttpAction,
     OrderStore, OutboxState, Outcome, PaymentCheck, PgOrderStore, Readiness, Relay, RelayError,
     Relayed, Round, Service, ServiceError, StoreError, Sweeper, Verdict, classify, on_arrival,

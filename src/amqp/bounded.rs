@@ -8,7 +8,7 @@ use thiserror::Error;
 
 /// A broker operation failed or did not answer in time; `what` names it
 /// (`declaring queue orders.due`, `basic.qos`, ...).
-#[derive(Debug, Error)]
+#[derive(Debug, Clone, Error)]
 pub enum BrokerError {
     /// The broker refused, or the channel or connection failed.
     #[error("{what}: {source}")]

@@ -284,8 +284,8 @@ impl LadderMigration {
                 amqp::bounded(format!("basic.get {queue}"), self.admin.timeout, getting).await?;
             let Some(got) = got else { break };
             match republisher.decode(&got) {
-                Ok(message) => {
-                    let route = republisher.move_one(&got, &message).await?;
+                Ok(messages) => {
+                    let route = republisher.move_one(&got, &messages).await?;
                     match route.exchange == due_exchange {
                         true => report.to_due += 1,
                         false => report.to_ladder += 1,

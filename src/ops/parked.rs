@@ -133,7 +133,7 @@ impl Parked {
                     .reason
                     .as_deref()
                     .is_some_and(|r| r.contains(text.as_str())),
-                ReplaySelection::OrderId(id) => seen.order_id.as_deref() == Some(id.as_str()),
+                ReplaySelection::OrderId(id) => body_order_ids(&got.delivery.data).contains(id),
             };
             if !selected {
                 report.not_selected += 1;
@@ -142,10 +142,10 @@ impl Parked {
             match republisher.decode(&got) {
                 Err(malformed) => {
                     let who = seen.order_id.unwrap_or(seen.excerpt);
-                    report.still_malformed.push((who, malformed.to_string()));
+                    report.still_malformed.push((who, malformed));
                 }
-                Ok(message) => {
-                    let route: Route = republisher.move_one(&got, &message).await?;
+                Ok(messages) => {
+                    let route: Route = republisher.move_one(&got, &messages).await?;
                     match route.exchange == republisher.ladder.due_exchange() {
                         true => report.to_due += 1,
                         false => report.to_ladder += 1,
@@ -212,6 +212,19 @@ impl Parked {
 }
 
 /// What `parked list` shows of a fetched message.
+/// The `order_id`s a body names, read leniently (a parked body may break
+/// any rule): a v1 message's, or each of a v2 bundle's orders.
+fn body_order_ids(body: &[u8]) -> Vec<String> {
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return Vec::new();
+    };
+    let id = |v: &serde_json::Value| v.get("order_id")?.as_str().map(str::to_owned);
+    match value.get("orders").and_then(|o| o.as_array()) {
+        Some(orders) => orders.iter().filter_map(id).collect(),
+        None => id(&value).into_iter().collect(),
+    }
+}
+
 fn describe(got: &BasicGetMessage) -> ParkedMessage {
     let properties = &got.delivery.properties;
     let reason =
@@ -222,12 +235,12 @@ fn describe(got: &BasicGetMessage) -> ParkedMessage {
                 Some(AMQPValue::LongString(s)) => Some(s.to_string()),
                 _ => None,
             });
-    let order_id = serde_json::from_slice::<serde_json::Value>(&got.delivery.data)
-        .ok()
-        .and_then(|v| {
-            v.get("order_id")
-                .and_then(|id| id.as_str().map(str::to_owned))
-        });
+    let ids = body_order_ids(&got.delivery.data);
+    let order_id = match ids.as_slice() {
+        [] => None,
+        [one] => Some(one.clone()),
+        [first, rest @ ..] => Some(format!("{first} (+{} more in its bundle)", rest.len())),
+    };
     let text = String::from_utf8_lossy(&got.delivery.data);
     let excerpt: String = text
         .chars()

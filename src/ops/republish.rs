@@ -13,7 +13,7 @@ use lapin::{Channel, Confirmation};
 
 use super::admin::OpsError;
 use crate::amqp;
-use crate::publisher::{ExpiryMessage, Malformed, Outgoing};
+use crate::publisher::{DueMessage, ExpiryMessage, Outgoing};
 use crate::topology::{Ladder, Route};
 
 /// Where moved messages go, on a confirm-mode channel.
@@ -26,34 +26,57 @@ pub(crate) struct Republisher {
 }
 
 impl Republisher {
-    /// Decodes `got`'s body as the consumer would; a message that is not one
-    /// is left alone (the caller decides).
-    pub(crate) fn decode(&self, got: &BasicGetMessage) -> Result<ExpiryMessage, Malformed> {
+    /// Decodes `got`'s body as the consumer would: its orders (one for v1,
+    /// every order of a v2 bundle). A message that is not one, or a bundle
+    /// with an order that breaks the v1 rules, is left alone with the reason
+    /// (the caller decides).
+    pub(crate) fn decode(&self, got: &BasicGetMessage) -> Result<Vec<ExpiryMessage>, String> {
         let content_type = got.delivery.properties.content_type().as_ref();
-        ExpiryMessage::decode(
+        let decoded = DueMessage::decode(
             &got.delivery.data,
             content_type.map(|c| c.as_str()),
             self.max_body_bytes,
-        )
+        );
+        match decoded.map_err(|e| e.to_string())? {
+            DueMessage::One(message) => Ok(vec![message]),
+            DueMessage::Bundle(entries) => entries
+                .into_iter()
+                .map(|e| e.map_err(|bad| bad.to_string()))
+                .collect(),
+        }
     }
 
-    /// Publishes `message` afresh (its payment-check and recheck counters
-    /// reset) into the current ladder for the time left until its `due_at`,
-    /// or into the due exchange when that passed; then acks `got`.
+    /// Publishes `messages` (one, or a bundle's orders, as one message again)
+    /// afresh (their payment-check and recheck counters reset) into the
+    /// current ladder for the time left until the earliest `due_at`, or into
+    /// the due exchange when that passed; then acks `got`.
     pub(crate) async fn move_one(
         &self,
         got: &BasicGetMessage,
-        message: &ExpiryMessage,
+        messages: &[ExpiryMessage],
     ) -> Result<Route, OpsError> {
-        let fresh = ExpiryMessage::new(message.order_id.clone(), message.due_at);
+        let fresh: Vec<ExpiryMessage> = messages
+            .iter()
+            .map(|m| ExpiryMessage::new(m.order_id.clone(), m.due_at))
+            .collect();
+        let Some((first, rest)) = fresh.split_first() else {
+            return Err(OpsError::NotTaken {
+                what: "a message".to_owned(),
+                reason: "it carries no order".to_owned(),
+            });
+        };
         let message_id = got
             .delivery
             .properties
             .message_id()
             .as_ref()
             .map_or_else(|| uuid::Uuid::new_v4().to_string(), |id| id.to_string());
-        let what = || format!("order {}", message.order_id.as_str());
-        let outgoing = Outgoing::new(&fresh, &self.ladder, self.lead, &message_id, Utc::now())
+        let what = || match rest.len() {
+            0 => format!("order {}", first.order_id.as_str()),
+            n => format!("a bundle of order {} and {n} more", first.order_id.as_str()),
+        };
+        let now = Utc::now();
+        let outgoing = Outgoing::for_orders(first, rest, &self.ladder, self.lead, &message_id, now)
             .map_err(|e| OpsError::NotTaken {
                 what: what(),
                 reason: e.to_string(),

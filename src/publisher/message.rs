@@ -1,4 +1,6 @@
-//! The v1 wire format: `{"v": 1, "order_id": "...", "due_at": "RFC 3339, UTC, ms"}`.
+//! The v1 wire format: `{"v": 1, "order_id": "...", "due_at": "RFC 3339, UTC, ms"}`,
+//! and decoding of every version the consumer knows (v2, a bundle of such
+//! orders, is in `bundle.rs`).
 //!
 //! Three optional fields are written only by the consumer, when it sends a
 //! message through the ladder again (a payment still pending at the gateway, an
@@ -19,7 +21,7 @@ use thiserror::Error;
 
 use super::order_id::{InvalidOrderId, OrderId};
 
-/// The message format version this code writes and understands.
+/// The version of a message that carries one order.
 const VERSION: u64 = 1;
 
 /// "Look at this order at this time": the one thing a message says.
@@ -81,6 +83,16 @@ pub enum Malformed {
     /// A version this code does not know.
     #[error("unknown version {0}")]
     UnknownVersion(String),
+    /// A v2 bundle where one order was expected
+    /// ([`ExpiryMessage::decode`] reads v1 only).
+    #[error("a v2 bundle of orders, not a v1 message")]
+    Bundle,
+    /// A v2 bundle whose `orders` list is empty.
+    #[error("a v2 bundle with no orders")]
+    EmptyBundle,
+    /// One entry of a bundle's `orders` is not a JSON object.
+    #[error("it is not a JSON object")]
+    EntryNotAnObject,
     /// An order id that breaks the contract.
     #[error("invalid order_id: {0}")]
     OrderId(InvalidOrderId),
@@ -145,8 +157,15 @@ impl ExpiryMessage {
     /// same sorted order, the same escaping): the publisher encodes every order,
     /// and building the map cost a sixth of its instructions per message.
     pub fn encode(&self) -> Vec<u8> {
+        let mut body = Vec::with_capacity(64 + self.order_id.len());
+        self.write_object(&mut body, Some(VERSION));
+        body
+    }
+
+    /// Writes this order as a JSON object: with `"v"` as a v1 message, without
+    /// it as one order of a v2 bundle.
+    pub(crate) fn write_object(&self, body: &mut Vec<u8>, version: Option<u64>) {
         let due_at = self.due_at.to_rfc3339_opts(SecondsFormat::Millis, true);
-        let mut body = Vec::with_capacity(48 + due_at.len() + self.order_id.len());
         // Keys in sorted order; the optional ones only when set, so that what
         // the publisher writes is exactly the contract's three fields.
         if self.check_step > 0 {
@@ -162,46 +181,41 @@ impl ExpiryMessage {
         }
         body.extend_from_slice(b"\",\"order_id\":");
         // Writing a `&str` or a number into a `Vec` cannot fail.
-        let _ = serde_json::to_writer(&mut body, self.order_id.as_str());
+        let _ = serde_json::to_writer(&mut *body, self.order_id.as_str());
         if self.unknown_rechecks > 0 {
             let _ = write!(body, ",\"unknown_rechecks\":{}", self.unknown_rechecks);
         }
-        let _ = write!(body, ",\"v\":{VERSION}}}");
-        body
+        match version {
+            Some(v) => {
+                let _ = write!(body, ",\"v\":{v}}}");
+            }
+            None => body.push(b'}'),
+        }
     }
 
-    /// Parses and validates a body. `content_type` is the AMQP property; a missing
-    /// one is accepted, a present non-JSON one is not.
+    /// Parses and validates a v1 body. `content_type` is the AMQP property; a
+    /// missing one is accepted, a present non-JSON one is not. A v2 bundle is
+    /// [`Malformed::Bundle`] here: [`crate::DueMessage::decode`] reads every
+    /// version the consumer knows.
     pub fn decode(
         body: &[u8],
         content_type: Option<&str>,
         max_body_bytes: usize,
     ) -> Result<Self, Malformed> {
-        if body.is_empty() {
-            return Err(Malformed::Empty);
+        let fields = json_object(body, content_type, max_body_bytes)?;
+        match version(&fields)? {
+            VERSION => Self::from_fields(&fields),
+            super::bundle::VERSION => Err(Malformed::Bundle),
+            other => Err(Malformed::UnknownVersion(other.to_string())),
         }
-        if body.len() > max_body_bytes {
-            return Err(Malformed::TooLarge {
-                size: body.len(),
-                max: max_body_bytes,
-            });
-        }
-        if let Some(ct) = content_type {
-            let essence = ct.split(';').next().unwrap_or("").trim();
-            if !essence.eq_ignore_ascii_case(Self::CONTENT_TYPE) {
-                return Err(Malformed::ContentType(ct.to_owned()));
-            }
-        }
-        let text = std::str::from_utf8(body).map_err(|e| Malformed::NotUtf8(e.valid_up_to()))?;
-        let value: Value =
-            serde_json::from_str(text).map_err(|e| Malformed::Json(e.to_string()))?;
-        let Value::Object(fields) = value else {
-            return Err(Malformed::NotAnObject);
-        };
-        check_version(&fields)?;
+    }
+
+    /// The order in `fields`, by the v1 rules (the version is the caller's):
+    /// a v1 message's fields, or one order of a v2 bundle.
+    pub(crate) fn from_fields(fields: &Map<String, Value>) -> Result<Self, Malformed> {
         let order_id =
-            OrderId::new(string_field(&fields, "order_id")?).map_err(Malformed::OrderId)?;
-        let due_at = time_field(string_field(&fields, "due_at")?, "due_at")?;
+            OrderId::new(string_field(fields, "order_id")?).map_err(Malformed::OrderId)?;
+        let due_at = time_field(string_field(fields, "due_at")?, "due_at")?;
         let not_before = match fields.get("not_before") {
             None | Some(Value::Null) => None,
             Some(Value::String(text)) => Some(time_field(text, "not_before")?),
@@ -215,10 +229,54 @@ impl ExpiryMessage {
         Ok(Self {
             order_id,
             due_at,
-            check_step: count_field(&fields, "check_step")?,
-            unknown_rechecks: count_field(&fields, "unknown_rechecks")?,
+            check_step: count_field(fields, "check_step")?,
+            unknown_rechecks: count_field(fields, "unknown_rechecks")?,
             not_before,
         })
+    }
+}
+
+/// The checks every body passes before its version is read: not empty, not
+/// too large, JSON content type (or none), UTF-8, a JSON object.
+pub(crate) fn json_object(
+    body: &[u8],
+    content_type: Option<&str>,
+    max_body_bytes: usize,
+) -> Result<Map<String, Value>, Malformed> {
+    if body.is_empty() {
+        return Err(Malformed::Empty);
+    }
+    if body.len() > max_body_bytes {
+        return Err(Malformed::TooLarge {
+            size: body.len(),
+            max: max_body_bytes,
+        });
+    }
+    if let Some(ct) = content_type {
+        let essence = ct.split(';').next().unwrap_or("").trim();
+        if !essence.eq_ignore_ascii_case(ExpiryMessage::CONTENT_TYPE) {
+            return Err(Malformed::ContentType(ct.to_owned()));
+        }
+    }
+    let text = std::str::from_utf8(body).map_err(|e| Malformed::NotUtf8(e.valid_up_to()))?;
+    let value: Value = serde_json::from_str(text).map_err(|e| Malformed::Json(e.to_string()))?;
+    match value {
+        Value::Object(fields) => Ok(fields),
+        _ => Err(Malformed::NotAnObject),
+    }
+}
+
+/// The `"v"` field: present and a non-negative integer.
+pub(crate) fn version(fields: &Map<String, Value>) -> Result<u64, Malformed> {
+    match fields.get("v") {
+        None => Err(Malformed::Missing("v")),
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .ok_or_else(|| Malformed::UnknownVersion(n.to_string())),
+        Some(_) => Err(Malformed::WrongType {
+            field: "v",
+            expected: "an integer",
+        }),
     }
 }
 
@@ -258,18 +316,6 @@ fn count_field(fields: &Map<String, Value>, field: &'static str) -> Result<u32, 
         }
         Some(_) => Err(Malformed::WrongType {
             field,
-            expected: "an integer",
-        }),
-    }
-}
-
-fn check_version(fields: &Map<String, Value>) -> Result<(), Malformed> {
-    match fields.get("v") {
-        None => Err(Malformed::Missing("v")),
-        Some(Value::Number(n)) if n.as_u64() == Some(VERSION) => Ok(()),
-        Some(Value::Number(n)) => Err(Malformed::UnknownVersion(n.to_string())),
-        Some(_) => Err(Malformed::WrongType {
-            field: "v",
             expected: "an integer",
         }),
     }
@@ -431,8 +477,12 @@ mod tests {
                 "missing field \"v\"",
             ),
             (
-                br#"{"v":2,"order_id":"x","due_at":"2026-11-30T10:00:00Z"}"#,
-                "unknown version 2",
+                br#"{"v":3,"order_id":"x","due_at":"2026-11-30T10:00:00Z"}"#,
+                "unknown version 3",
+            ),
+            (
+                br#"{"v":2,"orders":[]}"#,
+                "a v2 bundle of orders, not a v1 message",
             ),
             (
                 br#"{"v":"1","order_id":"x","due_at":"2026-11-30T10:00:00Z"}"#,

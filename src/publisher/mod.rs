@@ -4,17 +4,21 @@
 //! - [`scheduler`]: [`Scheduler`]: confirms, `mandatory`, reconnects lazily.
 //! - [`error`]: [`ScheduleError`]: every way a schedule call can fail.
 //! - [`message`]: the v1 wire format: encode, decode, validate. Pure.
+//! - [`bundle`]: the v2 wire format, many orders in one message; decoding of every version. Pure.
 //! - [`order_id`]: the validated [`OrderId`]. Pure.
 //! - `outbox` (feature `outbox`): [`Scheduler::schedule_in_tx`]: a row in the
 //!   order's own transaction, relayed by `order-expiry serve`.
 
+mod bundle;
 mod error;
+mod group;
 mod message;
 mod order_id;
 #[cfg(feature = "outbox")]
 mod outbox;
 mod scheduler;
 
+pub use self::bundle::{BadEntry, DueMessage};
 pub use self::error::ScheduleError;
 pub use self::message::{ExpiryMessage, Malformed};
 pub use self::order_id::{InvalidOrderId, OrderId};

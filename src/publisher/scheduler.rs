@@ -15,7 +15,8 @@
 //! the broker before its TTL starts: with 1,000 in flight a flash sale queued
 //! 150-470 ms there, past the 300 ms lead (README, Timeliness).
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -23,9 +24,11 @@ use futures::{Stream, StreamExt};
 use lapin::options::BasicPublishOptions;
 use lapin::{BasicProperties, Channel, Confirmation};
 use secrecy::SecretString;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, oneshot};
 
+use super::bundle::{encode_bundle, encode_entry};
 use super::error::ScheduleError;
+use super::group::{Limits, Waiter, Waiting};
 use super::message::ExpiryMessage;
 use super::order_id::OrderId;
 use crate::amqp::{self, BrokerError, ConfirmLink, TlsFiles};
@@ -36,12 +39,16 @@ use crate::topology::{DelayTooLong, Ladder, Route};
 /// What the broker confirmed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Scheduled {
-    /// The `message_id` property, unique per call.
+    /// The `message_id` property of the message that carries the order:
+    /// unique per message; the orders of one bundle share it.
     pub message_id: String,
     /// The due time on the wire (rounded up to the millisecond).
     pub due_at: DateTime<Utc>,
     /// Where it entered the ladder.
     pub route: Route,
+    /// Orders in the message that carries it: 1 for a v1 message, more for a
+    /// v2 bundle (group commit, see [`Scheduler::schedule`]).
+    pub orders_in_message: usize,
 }
 
 /// Schedules order expiries on the delay ladder.
@@ -65,6 +72,11 @@ pub struct Scheduler {
     in_flight: Arc<Semaphore>,
     lead: Duration,
     link: ConfirmLink,
+    bundles: Limits,
+    /// Calls waiting for a slot: the next free slot carries them as a bundle.
+    waiting: Mutex<Waiting>,
+    /// Source of waiter ids.
+    next_waiter: AtomicU64,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -104,6 +116,12 @@ impl Scheduler {
             in_flight: Arc::new(Semaphore::new(max_in_flight)),
             lead: settings.publisher.lead,
             link: ConfirmLink::new(url, tls, "order-expiry publisher", settings.amqp.timeout),
+            bundles: Limits {
+                max_orders: settings.publisher.bundle_max_orders.max(1),
+                max_bytes: settings.publisher.bundle_max_bytes,
+            },
+            waiting: Mutex::new(Waiting::default()),
+            next_waiter: AtomicU64::new(0),
         }
     }
 
@@ -118,6 +136,13 @@ impl Scheduler {
     pub fn with_max_in_flight(mut self, max_in_flight: usize) -> Self {
         self.max_in_flight = max_in_flight.max(1);
         self.in_flight = Arc::new(Semaphore::new(self.max_in_flight));
+        self
+    }
+
+    /// Most orders in one bundle message (`publisher.bundle_max_orders`); 1
+    /// sends each order as a v1 message of its own.
+    pub fn with_bundle_max_orders(mut self, max_orders: usize) -> Self {
+        self.bundles.max_orders = max_orders.max(1);
         self
     }
 
@@ -150,6 +175,13 @@ impl Scheduler {
     /// Schedules "cancel `order_id` if unpaid at `due_at`". Returns once the broker
     /// confirmed it; a `due_at` in the past is delivered at once. `order_id` is a
     /// `&str`, a `String` (both checked here) or an [`OrderId`].
+    ///
+    /// With a free slot in the confirm window the order leaves at once, alone
+    /// (a v1 message). While every slot waits for its confirm, calls waiting
+    /// for one whose orders take the same route leave together in one v2
+    /// bundle on the next free slot, and each returns on that bundle's
+    /// confirm (group commit: a flash sale costs the broker one message per
+    /// bundle, not per order).
     pub async fn schedule<O>(
         &self,
         order_id: O,
@@ -172,8 +204,8 @@ impl Scheduler {
     }
 
     /// Schedules many orders with up to `max_in_flight` confirms outstanding at
-    /// once (shared with every other call on this scheduler); one result per
-    /// input, in input order.
+    /// once (shared with every other call on this scheduler), bundled while
+    /// the window is full; one result per input, in input order.
     pub async fn schedule_many<I, O>(&self, orders: I) -> Vec<Result<Scheduled, ScheduleError>>
     where
         I: IntoIterator<Item = (O, DateTime<Utc>)>,
@@ -196,9 +228,11 @@ impl Scheduler {
         O: TryInto<OrderId> + 'a,
         ScheduleError: From<O::Error>,
     {
+        // Enough calls at once to fill every slot with a full bundle.
+        let calls = self.max_in_flight.saturating_mul(self.bundles.max_orders);
         orders
             .map(move |(order_id, due_at)| self.schedule(order_id, due_at))
-            .buffered(self.max_in_flight)
+            .buffered(calls)
     }
 
     /// Closes the connection cleanly.
@@ -207,33 +241,187 @@ impl Scheduler {
     }
 
     async fn publish(&self, message: ExpiryMessage) -> Result<Scheduled, ScheduleError> {
-        // The semaphore is never closed, so acquiring cannot fail; the slot is
-        // held until the confirm (or the error) and the route is computed after.
-        let _slot = self.in_flight.acquire().await.ok();
-        let message_id = uuid::Uuid::new_v4().to_string();
-        let outgoing = Outgoing::new(&message, &self.ladder, self.lead, &message_id, Utc::now())?;
-        let (channel, link_id) = self.link.channel().await?;
-        let publishing = outgoing.publish(&channel);
-        let confirmation =
-            match amqp::bounded("publisher confirm", self.link.timeout, publishing).await {
-                Ok(confirmation) => confirmation,
-                Err(error) => {
-                    // A link that swallowed a confirm is not trusted (a half-open TCP
-                    // connection looks like this until heartbeats notice, minutes
-                    // later): the next call opens a fresh one.
-                    let timed_out = matches!(error, BrokerError::Timeout { .. });
-                    self.link.forget(&channel, link_id, timed_out).await;
-                    if let BrokerError::Failed { source, .. } = &error
-                        && amqp::is_not_found(source)
-                    {
-                        let exchange = outgoing.route.exchange;
-                        return Err(ScheduleError::TopologyMissing { exchange });
+        if self.bundles.max_orders <= 1 {
+            // The semaphore is never closed, so acquiring cannot fail; the slot
+            // is held until the confirm (or the error) and the route computed after.
+            let _slot = self.in_flight.acquire().await.ok();
+            return self.publish_alone(message).await;
+        }
+        let nobody_waits = self.waiting().is_empty();
+        if nobody_waits && let Ok(_slot) = self.in_flight.try_acquire() {
+            return self.publish_alone(message).await;
+        }
+        loop {
+            let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
+            let (reply, mut answer) = oneshot::channel();
+            let waiter = Waiter {
+                id,
+                message: message.clone(),
+                reply,
+            };
+            self.waiting().push(waiter);
+            let answered = loop {
+                tokio::select! {
+                    biased;
+                    answered = &mut answer => break answered,
+                    slot = self.in_flight.acquire() => {
+                        let _slot = slot.ok();
+                        let carried = self.carry_next_bundle().await;
+                        if let Err(error) = carried {
+                            let ours = self.waiting().remove(id);
+                            // Ours was not taken yet: this call ends with the error.
+                            if ours.is_some() {
+                                return Err(error);
+                            }
+                            break answer.await;
+                        }
+                        let nobody_waits = self.waiting().is_empty();
+                        if nobody_waits {
+                            break answer.await;
+                        }
                     }
-                    return Err(error.into());
                 }
             };
-        confirmed(confirmation, message, outgoing.route, message_id)
+            match answered {
+                Ok(result) => return result,
+                // The call that took our order was dropped before its confirm
+                // (a caller's timeout): the broker may or may not hold it;
+                // publish it again (a duplicate is cancelled once).
+                Err(_) => continue,
+            }
+        }
     }
+
+    fn waiting(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        // The lock is never held across an await, and nothing panics inside it.
+        self.waiting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// On a slot the caller holds: takes the next bundle of waiting calls
+    /// and publishes it, answering each. `Err` only when no channel could be
+    /// opened, before anything was taken.
+    async fn carry_next_bundle(&self) -> Result<(), ScheduleError> {
+        let (channel, link_id) = self.link.channel().await?;
+        let taken = self
+            .waiting()
+            .take_bundle(&self.ladder, self.lead, self.bundles, Utc::now());
+        let Some(bundle) = taken else { return Ok(()) };
+        if bundle.members.len() == 1 {
+            // Alone after all: a v1 message, as at low load.
+            for (waiter, _) in bundle.members {
+                let result = self.publish_on(&channel, link_id, waiter.message.clone(), Utc::now());
+                let _ = waiter.reply.send(result.await);
+            }
+            return Ok(());
+        }
+        let message_id = uuid::Uuid::new_v4().to_string();
+        let orders = bundle.members.len();
+        let body = encode_bundle(bundle.members.iter().map(|(_, e)| e.as_slice()));
+        let outgoing = Outgoing::with_body(bundle.route, body, &message_id, Utc::now());
+        let answer = self.confirm(&channel, link_id, &outgoing).await;
+        for (waiter, _) in bundle.members {
+            let result = match &answer {
+                Ok(confirmation) => confirmed(
+                    confirmation,
+                    waiter.message,
+                    outgoing.route.clone(),
+                    message_id.clone(),
+                    orders,
+                ),
+                Err(error) => Err(error.clone().into()),
+            };
+            let _ = waiter.reply.send(result);
+        }
+        Ok(())
+    }
+
+    /// Publishes one order alone (v1), on a slot the caller holds.
+    async fn publish_alone(&self, message: ExpiryMessage) -> Result<Scheduled, ScheduleError> {
+        let (channel, link_id) = self.link.channel().await?;
+        self.publish_on(&channel, link_id, message, Utc::now())
+            .await
+    }
+
+    async fn publish_on(
+        &self,
+        channel: &Channel,
+        link_id: u64,
+        message: ExpiryMessage,
+        now: DateTime<Utc>,
+    ) -> Result<Scheduled, ScheduleError> {
+        let message_id = uuid::Uuid::new_v4().to_string();
+        let outgoing = Outgoing::new(&message, &self.ladder, self.lead, &message_id, now)?;
+        let confirmation = self.confirm(channel, link_id, &outgoing).await?;
+        confirmed(&confirmation, message, outgoing.route, message_id, 1)
+    }
+
+    /// Publishes `outgoing` and waits for the broker's answer, bounded.
+    async fn confirm(
+        &self,
+        channel: &Channel,
+        link_id: u64,
+        outgoing: &Outgoing,
+    ) -> Result<Confirmation, PublishFailed> {
+        let publishing = outgoing.publish(channel);
+        match amqp::bounded("publisher confirm", self.link.timeout, publishing).await {
+            Ok(confirmation) => Ok(confirmation),
+            Err(error) => {
+                // A link that swallowed a confirm is not trusted (a half-open TCP
+                // connection looks like this until heartbeats notice, minutes
+                // later): the next call opens a fresh one.
+                let timed_out = matches!(error, BrokerError::Timeout { .. });
+                self.link.forget(channel, link_id, timed_out).await;
+                if let BrokerError::Failed { source, .. } = &error
+                    && amqp::is_not_found(source)
+                {
+                    let exchange = outgoing.route.exchange.clone();
+                    return Err(PublishFailed::TopologyMissing(exchange));
+                }
+                Err(PublishFailed::Broker(error))
+            }
+        }
+    }
+}
+
+/// A publish that got no confirm; every order of a bundle sees the same.
+#[derive(Debug, Clone)]
+enum PublishFailed {
+    TopologyMissing(String),
+    Broker(BrokerError),
+}
+
+impl From<PublishFailed> for ScheduleError {
+    fn from(failed: PublishFailed) -> Self {
+        match failed {
+            PublishFailed::TopologyMissing(exchange) => Self::TopologyMissing { exchange },
+            PublishFailed::Broker(error) => error.into(),
+        }
+    }
+}
+
+/// The whole seconds `message` waits in the ladder when published at `now`,
+/// arriving `lead` before it may be processed.
+pub(super) fn remaining_secs(message: &ExpiryMessage, lead: Duration, now: DateTime<Utc>) -> u64 {
+    u64::try_from(remaining_ms(message, lead, now).max(0) / 1000).unwrap_or(0)
+}
+
+/// Its route through `ladder` (see [`remaining_secs`]).
+pub(super) fn remaining_route(
+    message: &ExpiryMessage,
+    ladder: &Ladder,
+    lead: Duration,
+    now: DateTime<Utc>,
+) -> Result<Route, DelayTooLong> {
+    ladder.route_for_remaining_ms(remaining_ms(message, lead, now))
+}
+
+fn remaining_ms(message: &ExpiryMessage, lead: Duration, now: DateTime<Utc>) -> i64 {
+    let lead_ms = i64::try_from(lead.as_millis()).unwrap_or(i64::MAX);
+    (message.process_at() - now)
+        .num_milliseconds()
+        .saturating_sub(lead_ms)
 }
 
 /// One expiry message ready to enter the ladder: where, and what. The
@@ -258,19 +446,50 @@ impl Outgoing {
         message_id: &str,
         now: DateTime<Utc>,
     ) -> Result<Self, DelayTooLong> {
-        let lead_ms = i64::try_from(lead.as_millis()).unwrap_or(i64::MAX);
-        let remaining_ms = (message.process_at() - now).num_milliseconds() - lead_ms;
-        let route = ladder.route_for_remaining_ms(remaining_ms)?;
+        let route = remaining_route(message, ladder, lead, now)?;
+        Ok(Self::with_body(route, message.encode(), message_id, now))
+    }
+
+    /// `messages` in one message: a v1 one for one order, a v2 bundle for
+    /// more, routed by the earliest of them (the others arrive a little
+    /// earlier than they need, and are held).
+    pub(crate) fn for_orders(
+        first: &ExpiryMessage,
+        rest: &[ExpiryMessage],
+        ladder: &Ladder,
+        lead: Duration,
+        message_id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Self, DelayTooLong> {
+        if rest.is_empty() {
+            return Self::new(first, ladder, lead, message_id, now);
+        }
+        let all = || std::iter::once(first).chain(rest);
+        let earliest = all().min_by_key(|m| m.process_at()).unwrap_or(first);
+        let route = remaining_route(earliest, ladder, lead, now)?;
+        let entries: Vec<Vec<u8>> = all().map(encode_entry).collect();
+        let body = encode_bundle(entries.iter().map(Vec::as_slice));
+        Ok(Self::with_body(route, body, message_id, now))
+    }
+
+    /// `body` (a v1 message or a v2 bundle) on `route`, with the same
+    /// properties.
+    pub(crate) fn with_body(
+        route: Route,
+        body: Vec<u8>,
+        message_id: &str,
+        now: DateTime<Utc>,
+    ) -> Self {
         let properties = BasicProperties::default()
             .with_content_type(ExpiryMessage::CONTENT_TYPE.into())
             .with_delivery_mode(2)
             .with_message_id(message_id.into())
             .with_timestamp(u64::try_from(now.timestamp()).unwrap_or(0));
-        Ok(Self {
+        Self {
             route,
-            body: message.encode(),
+            body,
             properties,
-        })
+        }
     }
 
     /// Publishes it `mandatory` on `channel` (in confirm mode) and waits for
@@ -291,10 +510,11 @@ impl Outgoing {
 
 /// What the broker's answer to one publish means for the caller.
 fn confirmed(
-    confirmation: Confirmation,
+    confirmation: &Confirmation,
     message: ExpiryMessage,
     route: Route,
     message_id: String,
+    orders_in_message: usize,
 ) -> Result<Scheduled, ScheduleError> {
     let order_id = message.order_id.into_string();
     match confirmation {
@@ -302,6 +522,7 @@ fn confirmed(
             message_id,
             due_at: message.due_at,
             route,
+            orders_in_message,
         }),
         Confirmation::Ack(Some(returned)) => Err(ScheduleError::Unroutable {
             order_id,

@@ -36,7 +36,9 @@ pub use self::action::{
     HttpAction, PaymentCheck, Verdict,
 };
 pub use self::app::{Service, ServiceError};
-pub use self::consumer::{Arrival, Consumer, ConsumerError, Handled, Outcome, on_arrival};
+pub use self::consumer::{
+    Arrival, BundlePart, Consumer, ConsumerError, Handled, Outcome, on_arrival,
+};
 pub use self::http::{OutboxState, Readiness};
 pub use self::orders::{Disposition, FailureClass, OrderStore, PgOrderStore, StoreError, classify};
 pub use self::outbox::{Relay, RelayError, Relayed, Round};

@@ -141,6 +141,12 @@ pub struct PublisherSettings {
     /// remainder); the consumer holds the message until `due_at` (`lead_ms`).
     #[serde(rename = "lead_ms", with = "millis")]
     pub lead: Duration,
+    /// Most orders in one v2 bundle message; 1 sends every order as a v1
+    /// message of its own (bundles off).
+    pub bundle_max_orders: usize,
+    /// Largest bundle body, in bytes: at most the consumers'
+    /// `consumer.max_body_bytes`, which parks larger bodies unread.
+    pub bundle_max_bytes: usize,
 }
 
 /// The consumer service.

@@ -13,6 +13,11 @@ use thiserror::Error;
 use super::{ActionKind, Settings, url_list};
 use crate::topology::LadderError;
 
+/// More than the largest message of one order (a 128-character id of 4-byte
+/// characters, both optional times, both counters at their maximum): the
+/// smallest `publisher.bundle_max_bytes` accepted.
+const MAX_V1_BYTES: usize = 1024;
+
 /// A setting that cannot work: its key (as in `config/default.toml`) and why.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("invalid setting {key}: {reason}")]
@@ -152,6 +157,17 @@ impl Settings {
         positive("consumer.batch_max", c.batch_max as u64)?;
         positive("consumer.batch_concurrency", c.batch_concurrency as u64)?;
         positive("consumer.max_body_bytes", c.max_body_bytes as u64)?;
+        // This service's own outbox relay publishes bundles its consumers must
+        // read whole.
+        if self.publisher.bundle_max_bytes > c.max_body_bytes {
+            return invalid(
+                "publisher.bundle_max_bytes",
+                format!(
+                    "{} is more than consumer.max_body_bytes ({}): bundles that large would be parked unread",
+                    self.publisher.bundle_max_bytes, c.max_body_bytes
+                ),
+            );
+        }
         // The ladder delivers up to 1 s (its whole seconds) plus the lead before
         // due_at: a hold limit at or below that parks every ladder message.
         let earliest = self.publisher.lead + Duration::from_secs(1);
@@ -299,10 +315,17 @@ impl Settings {
                 "names no broker (one URL, or several comma-separated)",
             );
         }
-        positive(
-            "publisher.max_in_flight",
-            self.publisher.max_in_flight as u64,
-        )?;
+        let p = &self.publisher;
+        positive("publisher.max_in_flight", p.max_in_flight as u64)?;
+        positive("publisher.bundle_max_orders", p.bundle_max_orders as u64)?;
+        // The largest v1 message must fit: a bundle of one order is never
+        // bigger than it.
+        if p.bundle_max_bytes < MAX_V1_BYTES {
+            return invalid(
+                "publisher.bundle_max_bytes",
+                format!("must be at least {MAX_V1_BYTES} (the largest message of one order)"),
+            );
+        }
         Ok(())
     }
 }
@@ -618,6 +641,21 @@ mod tests {
                 |s| s.publisher.max_in_flight = 0,
                 "publisher.max_in_flight",
                 "at least 1",
+            ),
+            (
+                |s| s.publisher.bundle_max_orders = 0,
+                "publisher.bundle_max_orders",
+                "at least 1",
+            ),
+            (
+                |s| s.publisher.bundle_max_bytes = 100,
+                "publisher.bundle_max_bytes",
+                "at least",
+            ),
+            (
+                |s| s.publisher.bundle_max_bytes = 1 << 20,
+                "publisher.bundle_max_bytes",
+                "parked unread",
             ),
         ];
         for (change, key, reason) in table {

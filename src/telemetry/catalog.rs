@@ -63,6 +63,11 @@ pub(crate) const ARRIVAL_LATENESS_SECONDS: Metric = metric(
     Kind::Histogram,
     "Time from a message's due_at (or re-check time) to its arrival at the consumer, for messages that arrive due, whatever the action kind: the ladder's and the broker's share of lateness. A stalled ladder level shows as arrivals minutes late.",
 );
+pub(crate) const ORDERS_PER_MESSAGE: Metric = metric(
+    "order_expiry_orders_per_message",
+    Kind::Histogram,
+    "Orders in each due message the consumer decoded: 1 for a v1 message, more for a v2 bundle (group commit under load). _count is due messages, _sum is orders.",
+);
 pub(crate) const EARLY_TOTAL: Metric = metric(
     "order_expiry_early_total",
     Kind::Counter,
@@ -156,6 +161,7 @@ pub(crate) const CATALOG: &[Metric] = &[
     MESSAGES_TOTAL,
     LATENESS_SECONDS,
     ARRIVAL_LATENESS_SECONDS,
+    ORDERS_PER_MESSAGE,
     EARLY_TOTAL,
     HELD_TOTAL,
     PARKED_TOTAL,

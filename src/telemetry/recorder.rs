@@ -5,7 +5,8 @@ use std::sync::OnceLock;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use super::catalog::{
-    ARRIVAL_LATENESS_SECONDS, CATALOG, Kind, LATENESS_SECONDS, MESSAGES_TOTAL, OUTBOX_LAG_SECONDS,
+    ARRIVAL_LATENESS_SECONDS, CATALOG, Kind, LATENESS_SECONDS, MESSAGES_TOTAL, ORDERS_PER_MESSAGE,
+    OUTBOX_LAG_SECONDS,
 };
 
 /// Lateness buckets, in seconds: fine below 100 ms where the target is, coarse above.
@@ -25,6 +26,11 @@ const ARRIVAL_LATENESS_BUCKETS: &[f64] = &[
 const OUTBOX_LAG_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
+
+/// Orders per due message: 1 is a v1 message, the rest bundle sizes up to
+/// well past the default `publisher.bundle_max_orders` (100).
+const ORDERS_PER_MESSAGE_BUCKETS: &[f64] =
+    &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0];
 
 /// The recorder, installed on first use.
 pub(crate) fn metrics_handle() -> PrometheusHandle {
@@ -46,6 +52,12 @@ pub(crate) fn metrics_handle() -> PrometheusHandle {
                     b.set_buckets_for_metric(
                         Matcher::Full(OUTBOX_LAG_SECONDS.name.to_owned()),
                         OUTBOX_LAG_BUCKETS,
+                    )
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(ORDERS_PER_MESSAGE.name.to_owned()),
+                        ORDERS_PER_MESSAGE_BUCKETS,
                     )
                 })
                 .unwrap_or_else(|_| PrometheusBuilder::new());

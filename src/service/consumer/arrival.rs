@@ -1,11 +1,12 @@
 //! What to do with a delivery the moment it arrives: cancel it now, hold it
-//! until its `due_at`, or park it. Pure: no I/O.
+//! until its `due_at`, or park it; for a v2 bundle, that for each of its
+//! orders. Pure: no I/O.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::publisher::ExpiryMessage;
+use crate::publisher::{BadEntry, DueMessage, ExpiryMessage};
 use crate::settings::ConsumerSettings;
 
 /// The decision for one delivery.
@@ -17,6 +18,25 @@ pub enum Arrival {
     Hold(ExpiryMessage, Duration),
     /// Never processable: park with this reason (the `x-parked-reason`).
     Park(String),
+    /// A v2 bundle: each order decided on its own, in body order.
+    Bundle(Vec<BundlePart>),
+}
+
+/// The decision for one order of a bundle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BundlePart {
+    /// Due now: cancel.
+    Due(ExpiryMessage),
+    /// Early by the given time: hold until `due_at` (the bundle stays unacked).
+    Hold(ExpiryMessage, Duration),
+    /// Never processable: park this order alone.
+    Park {
+        /// Its parked copy's body: its v1 message, or a bundle of its entry
+        /// alone when the entry breaks the v1 rules.
+        body: Vec<u8>,
+        /// The `x-parked-reason`.
+        reason: String,
+    },
 }
 
 /// Decides what to do with a body that arrived at `now`: due at
@@ -27,24 +47,52 @@ pub fn on_arrival(
     now: DateTime<Utc>,
     settings: &ConsumerSettings,
 ) -> Arrival {
-    let message = match ExpiryMessage::decode(body, content_type, settings.max_body_bytes) {
-        Ok(m) => m,
-        Err(e) => return Arrival::Park(e.to_string()),
-    };
+    match DueMessage::decode(body, content_type, settings.max_body_bytes) {
+        Ok(DueMessage::One(message)) => match one(message, now, settings) {
+            BundlePart::Due(message) => Arrival::Due(message),
+            BundlePart::Hold(message, early) => Arrival::Hold(message, early),
+            BundlePart::Park { reason, .. } => Arrival::Park(reason),
+        },
+        Ok(DueMessage::Bundle(entries)) => Arrival::Bundle(
+            entries
+                .into_iter()
+                .map(|entry| match entry {
+                    Ok(message) => one(message, now, settings),
+                    Err(bad) => parked(&bad),
+                })
+                .collect(),
+        ),
+        Err(e) => Arrival::Park(e.to_string()),
+    }
+}
+
+fn parked(bad: &BadEntry) -> BundlePart {
+    BundlePart::Park {
+        body: bad.body(),
+        reason: bad.to_string(),
+    }
+}
+
+/// The decision for one order, by the v1 rules; one far too early is parked
+/// with its own v1 body.
+fn one(message: ExpiryMessage, now: DateTime<Utc>, settings: &ConsumerSettings) -> BundlePart {
     // A message sent through the ladder again is due at its `not_before`.
     let early = (message.process_at() - now)
         .to_std()
         .unwrap_or(Duration::ZERO);
     if early.is_zero() {
-        Arrival::Due(message)
+        BundlePart::Due(message)
     } else if early <= settings.max_hold {
-        Arrival::Hold(message, early)
+        BundlePart::Hold(message, early)
     } else {
-        Arrival::Park(format!(
-            "arrived {:.3} s before due_at, more than consumer.max_hold_ms ({} ms): it did not come through the ladder",
-            early.as_secs_f64(),
-            settings.max_hold.as_millis()
-        ))
+        BundlePart::Park {
+            body: message.encode(),
+            reason: format!(
+                "arrived {:.3} s before due_at, more than consumer.max_hold_ms ({} ms): it did not come through the ladder",
+                early.as_secs_f64(),
+                settings.max_hold.as_millis()
+            ),
+        }
     }
 }
 
@@ -95,6 +143,35 @@ mod tests {
             Arrival::Park(reason) => assert!(reason.contains("before due_at"), "{reason}"),
             other => panic!("expected Park, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn each_order_of_a_bundle_is_decided_on_its_own() {
+        let now = Utc::now();
+        let due = message(now - TimeDelta::milliseconds(5));
+        let early = message(now + TimeDelta::milliseconds(700));
+        let far = message(now + TimeDelta::hours(1));
+        let entry = |m: &ExpiryMessage| {
+            let mut v1: serde_json::Value = serde_json::from_slice(&m.encode()).unwrap();
+            v1.as_object_mut().unwrap().remove("v");
+            v1
+        };
+        let body = serde_json::json!({
+            "v": 2,
+            "orders": [entry(&due), entry(&early), entry(&far), {"order_id": "x"}],
+        });
+        let Arrival::Bundle(parts) =
+            on_arrival(body.to_string().as_bytes(), None, now, &consumer_settings())
+        else {
+            panic!("a bundle")
+        };
+        assert!(matches!(&parts[0], BundlePart::Due(m) if *m == due));
+        assert!(matches!(&parts[1], BundlePart::Hold(m, _) if *m == early));
+        assert!(matches!(&parts[2], BundlePart::Park { body, reason }
+            if reason.contains("before due_at") && *body == far.encode()));
+        assert!(matches!(&parts[3], BundlePart::Park { body, reason }
+            if reason.starts_with("order 3 of the bundle")
+                && body.as_slice() == br#"{"orders":[{"order_id":"x"}],"v":2}"#));
     }
 
     #[test]

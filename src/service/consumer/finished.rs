@@ -54,6 +54,10 @@ impl<A: Action> Session<'_, A> {
                 self.acks.forget(tag);
                 self.park_backoff.reset();
             }
+            Done::PartMovedOut { tag, handled } => {
+                self.settle(tag, handled);
+                self.park_backoff.reset();
+            }
             Done::Settled {
                 handled,
                 retry,
@@ -61,7 +65,7 @@ impl<A: Action> Session<'_, A> {
                 requeue,
             } => {
                 for (tag, handled) in handled {
-                    self.acks.set(tag, State::Done, handled);
+                    self.settle(tag, handled);
                 }
                 for (pending, reason) in retry {
                     metrics::counter!(RETRIES_TOTAL.name).increment(1);
@@ -72,12 +76,12 @@ impl<A: Action> Session<'_, A> {
                     self.retry_alone(pending);
                 }
                 for (pending, reason) in park {
-                    self.acks.set(pending.tag(), State::Waiting, None);
+                    self.mark(pending.tag(), State::Waiting);
                     self.in_flight
-                        .push(self.outbound.park(pending.delivery, reason));
+                        .push(self.outbound.park(pending.original(), reason));
                 }
                 for (pending, message, outcome) in requeue {
-                    self.acks.set(pending.tag(), State::Waiting, None);
+                    self.mark(pending.tag(), State::Waiting);
                     self.in_flight
                         .push(self.outbound.requeue(pending, message, outcome));
                 }
@@ -94,7 +98,7 @@ impl<A: Action> Session<'_, A> {
         match failed {
             Failed::Action { batch, error } => self.on_action_failed(batch, error),
             Failed::Republish {
-                delivery,
+                original,
                 what,
                 error,
             } => {
@@ -115,7 +119,7 @@ impl<A: Action> Session<'_, A> {
                 }
                 let delay = self.park_backoff.next_delay();
                 self.retrying
-                    .insert(Retry::Republish { delivery, what }, delay);
+                    .insert(Retry::Republish { original, what }, delay);
             }
         }
         Ok(())
@@ -123,7 +127,7 @@ impl<A: Action> Session<'_, A> {
 
     fn on_action_failed(&mut self, mut batch: Vec<Pending>, error: ActionError) {
         for p in &batch {
-            self.acks.set(p.tag(), State::Waiting, None);
+            self.mark(p.tag(), State::Waiting);
         }
         let class = error.class();
         match class {
@@ -146,7 +150,7 @@ impl<A: Action> Session<'_, A> {
                 let Some(pending) = batch.pop() else { return };
                 let reason = error.park_reason();
                 self.in_flight
-                    .push(self.outbound.park(pending.delivery, reason));
+                    .push(self.outbound.park(pending.original(), reason));
             }
             FailureClass::Transient => {
                 for pending in batch {
@@ -163,7 +167,7 @@ impl<A: Action> Session<'_, A> {
     /// Retries one message alone after its own backoff; it does not pin the
     /// ack window meanwhile.
     fn retry_alone(&mut self, mut pending: Pending) {
-        self.acks.set(pending.tag(), State::Waiting, None);
+        self.mark(pending.tag(), State::Waiting);
         let settings = &self.consumer.settings;
         let delay = Backoff::nth(settings.retry_initial, settings.retry_max, pending.attempts);
         pending.attempts = pending.attempts.saturating_add(1);
@@ -200,7 +204,7 @@ impl<A: Action> Session<'_, A> {
         amqp::bounded("basic.ack", self.consumer.amqp.timeout, sending).await?;
         if let Some(observer) = &self.consumer.observer {
             let at = Utc::now();
-            for mut handled in acks.payloads {
+            for mut handled in acks.payloads.into_iter().flatten() {
                 handled.at = at;
                 let _ = observer.send(handled);
             }

@@ -12,6 +12,8 @@
 //! - [`outbound`]: a parked copy or a message sent through the ladder again,
 //!   confirmed, then the ack.
 //! - [`session`]: one connection's state and its per-event methods.
+//! - [`bundles`]: the ack state of a delivery's orders: a v1 delivery is one
+//!   order, a v2 bundle is acked once every order in it is settled.
 //! - [`finished`]: what finished work does: acks; a failure split down to the
 //!   order at fault, parked or retried alone; a whole-set backoff while the
 //!   database is unavailable.
@@ -23,6 +25,7 @@
 
 mod acks;
 mod arrival;
+mod bundles;
 mod decide;
 mod drain;
 mod finished;
@@ -39,7 +42,7 @@ use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-pub use self::arrival::{Arrival, on_arrival};
+pub use self::arrival::{Arrival, BundlePart, on_arrival};
 use self::session::{Session, SessionError};
 use self::work::Work;
 use super::CONSUMER;

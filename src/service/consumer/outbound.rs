@@ -4,6 +4,7 @@
 //! next payment check step; an order not found yet). The delivery is acked only
 //! once the broker confirmed the copy: nothing is dropped silently.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
@@ -50,6 +51,27 @@ pub(super) enum Republish {
     Requeue(Box<ExpiryMessage>, Outcome),
 }
 
+/// The delivery a copy is made for: a whole message, or one order of a v2
+/// bundle.
+#[derive(Clone)]
+pub(super) struct Original {
+    pub(super) delivery: Arc<Delivery>,
+    /// For one order of a bundle, the body of its own parked copy: its v1
+    /// message, or (an order that breaks the v1 rules) a bundle of its entry
+    /// alone. The copy settles that order; the bundle is acked once all are.
+    pub(super) part: Option<Arc<[u8]>>,
+}
+
+impl Original {
+    /// A whole delivery.
+    pub(super) fn whole(delivery: Arc<Delivery>) -> Self {
+        Self {
+            delivery,
+            part: None,
+        }
+    }
+}
+
 /// The session's confirm-mode channel and where things go.
 #[derive(Clone)]
 pub(super) struct Outbound {
@@ -65,10 +87,11 @@ pub(super) struct Outbound {
 }
 
 impl Outbound {
-    /// Copies `delivery` to the parked exchange with `reason`, then acks it.
-    pub(super) fn park(&self, delivery: Delivery, reason: String) -> BoxFuture<'static, Done> {
-        let span = delivery_span(&delivery, None);
-        self.send(delivery, Republish::Park(reason), span)
+    /// Copies `original` to the parked exchange with `reason`, then acks it
+    /// (a whole delivery) or settles its order (one order of a bundle).
+    pub(super) fn park(&self, original: Original, reason: String) -> BoxFuture<'static, Done> {
+        let span = delivery_span(&original.delivery, None);
+        self.send(original, Republish::Park(reason), span)
     }
 
     /// Sends `message` through the ladder, then acks `pending`'s delivery.
@@ -79,36 +102,44 @@ impl Outbound {
         outcome: Outcome,
     ) -> BoxFuture<'static, Done> {
         let what = Republish::Requeue(Box::new(message), outcome);
-        self.send(pending.delivery, what, pending.span)
+        self.send(pending.original(), what, pending.span)
     }
 
-    /// Publishes what `what` says for `delivery`, confirmed, then acks it.
+    /// Publishes what `what` says for `original`, confirmed, then acks or settles it.
     pub(super) fn send(
         &self,
-        delivery: Delivery,
+        original: Original,
         what: Republish,
         span: tracing::Span,
     ) -> BoxFuture<'static, Done> {
         let outbound = self.clone();
         async move {
+            let delivery = &original.delivery;
             let published = match &what {
                 Republish::Park(reason) => {
-                    warn!(target: CONSUMER, reason = %reason, size = delivery.data.len(), "parking message");
-                    outbound.publish_parked(&delivery, reason).await
+                    let body: &[u8] = original.part.as_deref().unwrap_or(&delivery.data);
+                    warn!(target: CONSUMER, reason = %reason, size = body.len(),
+                        bundled = original.part.is_some(), "parking message");
+                    outbound.publish_parked(delivery, body, reason).await
                 }
-                Republish::Requeue(message, _) => match outbound.publish_again(&delivery, message).await {
-                    Ok(published) => published,
-                    Err(too_long) => {
-                        // Validated at start-up: only a clock far off gets here.
-                        let reason = format!("cannot send it through the ladder again: {too_long}");
-                        return outbound.send(delivery, Republish::Park(reason), tracing::Span::current()).await;
+                Republish::Requeue(message, _) => {
+                    match outbound.publish_again(delivery, message).await {
+                        Ok(published) => published,
+                        Err(too_long) => {
+                            // Validated at start-up: only a clock far off gets here.
+                            let reason =
+                                format!("cannot send it through the ladder again: {too_long}");
+                            return outbound
+                                .send(original, Republish::Park(reason), tracing::Span::current())
+                                .await;
+                        }
                     }
-                },
+                }
             };
             match published {
-                Ok(()) => outbound.acked(delivery, what).await,
+                Ok(()) => outbound.acked(original, what).await,
                 Err(Publish::Refused(error)) => Done::Failed(Failed::Republish {
-                    delivery: Box::new(delivery),
+                    original,
                     what,
                     error,
                 }),
@@ -119,7 +150,12 @@ impl Outbound {
         .boxed()
     }
 
-    async fn publish_parked(&self, delivery: &Delivery, reason: &str) -> Result<(), Publish> {
+    async fn publish_parked(
+        &self,
+        delivery: &Delivery,
+        body: &[u8],
+        reason: &str,
+    ) -> Result<(), Publish> {
         let options = BasicPublishOptions {
             mandatory: true,
             ..BasicPublishOptions::default()
@@ -128,13 +164,7 @@ impl Outbound {
         let publishing = async {
             let properties = parked_properties(delivery, reason);
             self.channel
-                .basic_publish(
-                    exchange.into(),
-                    "".into(),
-                    options,
-                    &delivery.data,
-                    properties,
-                )
+                .basic_publish(exchange.into(), "".into(), options, body, properties)
                 .await?
                 .await
         };
@@ -165,8 +195,10 @@ impl Outbound {
         Ok(confirmed(answer.await, &outgoing.route.exchange))
     }
 
-    /// The copy is confirmed: count it, ack the original, tell the observer.
-    async fn acked(&self, delivery: Delivery, what: Republish) -> Done {
+    /// The copy is confirmed: count it, ack the original (or settle its
+    /// order of a bundle), tell the observer.
+    async fn acked(&self, original: Original, what: Republish) -> Done {
+        let delivery = &original.delivery;
         let (order_id, outcome, not_before) = match &what {
             Republish::Park(_) => {
                 metrics::counter!(MESSAGES_TOTAL.name, "outcome" => Outcome::Parked.label())
@@ -185,17 +217,27 @@ impl Outbound {
                 (Some(message.order_id.clone()), *outcome, message.not_before)
             }
         };
+        let handled = self.observer.is_some().then(|| Handled {
+            order_id,
+            outcome,
+            at: Utc::now(),
+            not_before,
+        });
+        if original.part.is_some() {
+            return Done::PartMovedOut {
+                tag: delivery.delivery_tag,
+                handled,
+            };
+        }
         match delivery.acker.ack(BasicAckOptions::default()).await {
             Ok(true) => {}
             Ok(false) => return Done::BrokerFailed(SessionError::AckNotSent),
             Err(e) => return Done::BrokerFailed(SessionError::Ack(e)),
         }
-        if let Some(observer) = &self.observer {
+        if let (Some(observer), Some(handled)) = (&self.observer, handled) {
             let _ = observer.send(Handled {
-                order_id,
-                outcome,
                 at: Utc::now(),
-                not_before,
+                ..handled
             });
         }
         Done::Republished(delivery.delivery_tag)

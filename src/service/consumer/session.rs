@@ -8,7 +8,7 @@
 //! `finished.rs`, repairs of the consumer's queues in `repair.rs`, the shutdown
 //! path (drain, release, close) in `drain.rs`.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -26,8 +26,8 @@ use tokio_util::time::DelayQueue;
 use tracing::{debug, info, warn};
 
 use super::acks::{AckTracker, State};
-use super::arrival::{Arrival, on_arrival};
-use super::outbound::{Outbound, Republish};
+use super::arrival::{Arrival, BundlePart, on_arrival};
+use super::outbound::{Original, Outbound, Republish};
 use super::work::{Done, Pending, delivery_span, expire_work};
 use super::{Consumer, Handled};
 use crate::amqp::{self, BrokerError, ConnectError, TlsFiles};
@@ -35,7 +35,7 @@ use crate::publisher::ExpiryMessage;
 use crate::service::CONSUMER;
 use crate::service::action::Action;
 use crate::service::backoff::Backoff;
-use crate::telemetry::{ARRIVAL_LATENESS_SECONDS, HELD_TOTAL};
+use crate::telemetry::{ARRIVAL_LATENESS_SECONDS, HELD_TOTAL, ORDERS_PER_MESSAGE};
 use crate::topology::{KeptQueue, Ladder};
 
 /// Why a session ended.
@@ -56,6 +56,9 @@ pub(super) enum SessionError {
 }
 
 /// The next thing that happened, as `select!` saw it.
+// One lives on the stack for one turn of the loop: boxing the delivery would
+// add an allocation per delivery for nothing.
+#[allow(clippy::large_enum_variant)]
 enum Event {
     Shutdown,
     Finished(Done),
@@ -72,10 +75,7 @@ pub(super) enum Retry {
     /// when it was alone: checked and expired again, alone.
     Again(Box<Pending>),
     /// A park or a re-queue the broker did not confirm.
-    Republish {
-        delivery: Box<Delivery>,
-        what: Republish,
-    },
+    Republish { original: Original, what: Republish },
 }
 
 /// One session's state; see the module docs.
@@ -88,8 +88,12 @@ pub(super) struct Session<'a, A> {
     pub(super) tag: String,
     /// Early deliveries, each until its `due_at`.
     pub(super) held: DelayQueue<Pending>,
-    /// Unacked deliveries of this channel, acked with `multiple` where possible.
-    pub(super) acks: AckTracker<Handled>,
+    /// Unacked deliveries of this channel, acked with `multiple` where
+    /// possible; with what the observer is told about each once it is.
+    pub(super) acks: AckTracker<Vec<Handled>>,
+    /// Bundles with orders not settled yet: how many, and what the observer
+    /// is told about those that are. A bundle is acked when none is left.
+    pub(super) bundles: HashMap<u64, (usize, Vec<Handled>)>,
     /// Due deliveries waiting for a cancel statement.
     pub(super) ready: VecDeque<Pending>,
     /// Parts of failed batches, each run as a batch of its own before `ready`,
@@ -164,6 +168,7 @@ impl<'a, A: Action> Session<'a, A> {
             tag,
             held: DelayQueue::new(),
             acks: AckTracker::default(),
+            bundles: HashMap::new(),
             ready: VecDeque::new(),
             split: VecDeque::new(),
             in_flight: FuturesUnordered::new(),
@@ -231,7 +236,7 @@ impl<'a, A: Action> Session<'a, A> {
                 }
             };
             for p in &batch {
-                self.acks.set(p.tag(), State::InBatch, None);
+                self.mark(p.tag(), State::InBatch);
             }
             let work = Arc::clone(&self.consumer.work);
             let observed = self.consumer.observer.is_some();
@@ -259,23 +264,72 @@ impl<'a, A: Action> Session<'a, A> {
             .map(|c| c.to_string());
         let settings = &self.consumer.settings;
         let now = Utc::now();
+        let delivery = Arc::new(delivery);
         match on_arrival(&delivery.data, content_type.as_deref(), now, settings) {
+            Arrival::Bundle(parts) => {
+                metrics::histogram!(ORDERS_PER_MESSAGE.name).record(parts.len() as f64);
+                self.bundles
+                    .insert(delivery.delivery_tag, (parts.len(), Vec::new()));
+                for part in parts {
+                    match part {
+                        BundlePart::Due(message) => self.on_due(&delivery, message, true, now),
+                        BundlePart::Hold(message, early) => {
+                            self.on_early(&delivery, message, early, true)
+                        }
+                        BundlePart::Park { body, reason } => {
+                            let original = Original {
+                                delivery: Arc::clone(&delivery),
+                                part: Some(body.into()),
+                            };
+                            self.in_flight.push(self.outbound.park(original, reason));
+                        }
+                    }
+                }
+            }
             Arrival::Due(message) => {
-                record_arrival(&message, now);
-                self.ready.push_back(Pending::new(delivery, message));
+                metrics::histogram!(ORDERS_PER_MESSAGE.name).record(1.0);
+                self.on_due(&delivery, message, false, now);
             }
             Arrival::Hold(message, early) => {
-                metrics::counter!(HELD_TOTAL.name).increment(1);
-                let pending = Pending::new(delivery, message);
-                let early_ms = early.as_millis() as u64;
-                pending
-                    .span
-                    .in_scope(|| debug!(target: CONSUMER, early_ms, "held until due_at"));
-                self.held.insert(pending, early);
+                metrics::histogram!(ORDERS_PER_MESSAGE.name).record(1.0);
+                self.on_early(&delivery, message, early, false);
             }
-            Arrival::Park(reason) => self.in_flight.push(self.outbound.park(delivery, reason)),
+            Arrival::Park(reason) => {
+                let park = self.outbound.park(Original::whole(delivery), reason);
+                self.in_flight.push(park);
+            }
         }
         Ok(())
+    }
+
+    /// An order due now (a whole v1 delivery, or one order of a bundle).
+    fn on_due(
+        &mut self,
+        delivery: &Arc<Delivery>,
+        message: ExpiryMessage,
+        bundled: bool,
+        now: DateTime<Utc>,
+    ) {
+        record_arrival(&message, now);
+        let pending = Pending::new(Arc::clone(delivery), message, bundled);
+        self.ready.push_back(pending);
+    }
+
+    /// An order that arrived early: held until its `due_at`.
+    fn on_early(
+        &mut self,
+        delivery: &Arc<Delivery>,
+        message: ExpiryMessage,
+        early: std::time::Duration,
+        bundled: bool,
+    ) {
+        metrics::counter!(HELD_TOTAL.name).increment(1);
+        let pending = Pending::new(Arc::clone(delivery), message, bundled);
+        let early_ms = early.as_millis() as u64;
+        pending
+            .span
+            .in_scope(|| debug!(target: CONSUMER, early_ms, "held until due_at"));
+        self.held.insert(pending, early);
     }
 
     /// A message's, a park's or a re-queue's own retry timer fired: the
@@ -284,10 +338,10 @@ impl<'a, A: Action> Session<'a, A> {
     fn on_retry_one_due(&mut self, retry: Retry) {
         match retry {
             Retry::Again(pending) => self.split.push_back(vec![*pending]),
-            Retry::Republish { delivery, what } => {
-                let span = delivery_span(&delivery, None);
+            Retry::Republish { original, what } => {
+                let span = delivery_span(&original.delivery, None);
                 self.in_flight
-                    .push(self.outbound.send(*delivery, what, span))
+                    .push(self.outbound.send(original, what, span))
             }
         }
     }

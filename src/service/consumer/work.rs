@@ -17,7 +17,7 @@ use lapin::message::Delivery;
 use tracing::{debug, info};
 
 use super::decide::{AfterCheck, Next, after_action, after_check};
-use super::outbound::OutboundError;
+use super::outbound::{Original, OutboundError};
 use super::session::SessionError;
 use super::{Handled, Outcome};
 use crate::publisher::ExpiryMessage;
@@ -26,23 +26,37 @@ use crate::service::action::{Action, ActionError, Expiring, PaymentCheck};
 use crate::settings::CheckSettings;
 use crate::telemetry::{EARLY_TOTAL, LATENESS_SECONDS, MESSAGES_TOTAL};
 
-/// A decoded delivery waiting for, or in, a batch, with its span.
+/// A decoded delivery (or one order of a bundle) waiting for, or in, a
+/// batch, with its span.
 pub(super) struct Pending {
-    pub(super) delivery: Delivery,
+    /// Shared by the orders of one bundle.
+    pub(super) delivery: Arc<Delivery>,
     pub(super) message: ExpiryMessage,
+    /// One order of a v2 bundle: settled on its own, the delivery acked
+    /// only once every order in it is.
+    pub(super) bundled: bool,
     pub(super) span: tracing::Span,
     /// Times it was retried alone (busy, or a transient failure): its own backoff.
     pub(super) attempts: u32,
 }
 
 impl Pending {
-    pub(super) fn new(delivery: Delivery, message: ExpiryMessage) -> Self {
+    pub(super) fn new(delivery: Arc<Delivery>, message: ExpiryMessage, bundled: bool) -> Self {
         let span = delivery_span(&delivery, Some(&message.order_id));
         Self {
             delivery,
             message,
+            bundled,
             span,
             attempts: 0,
+        }
+    }
+
+    /// What its parked copy or its message through the ladder is made for.
+    pub(super) fn original(&self) -> Original {
+        Original {
+            delivery: Arc::clone(&self.delivery),
+            part: self.bundled.then(|| self.message.encode().into()),
         }
     }
 
@@ -76,6 +90,9 @@ pub(super) enum Done {
     /// A delivery was acked singly after its confirmed copy (parked, or sent
     /// through the ladder again).
     Republished(u64),
+    /// One order of a bundle was moved out (parked, or sent through the
+    /// ladder again) as a confirmed message of its own: settled.
+    PartMovedOut { tag: u64, handled: Option<Handled> },
     /// A batch went through: `handled` may be acked, each with what the
     /// observer is told once it is; the others are retried alone later,
     /// parked, or sent through the ladder again.
@@ -101,7 +118,7 @@ pub(super) enum Failed {
     /// The parked copy, or the message sent through the ladder again, was not
     /// confirmed.
     Republish {
-        delivery: Box<Delivery>,
+        original: Original,
         what: super::outbound::Republish,
         error: OutboundError,
     },

@@ -54,6 +54,7 @@ mod tests {
             message_id: "m".into(),
             due_at: Utc::now(),
             route,
+            orders_in_message: 1,
         });
         assert_eq!(verdict(&ok), Verdict::Published);
 

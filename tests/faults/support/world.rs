@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use lapin::options::BasicGetOptions;
-use order_expiry::ExpiryMessage;
+use order_expiry::DueMessage;
 use order_expiry_testkit::{OrderRow, Served, message, vhost};
 use secrecy::ExposeSecret;
 use tokio_postgres::NoTls;
@@ -120,9 +120,9 @@ impl World {
         let mut ids = Vec::new();
         let get = || channel.basic_get(queue.as_str().into(), BasicGetOptions { no_ack: false });
         while let Some(message) = get().await.expect("basic.get") {
-            let decoded = ExpiryMessage::decode(&message.delivery.data, None, 1 << 20)
+            let decoded = DueMessage::decode(&message.delivery.data, None, 1 << 20)
                 .expect("a well-formed message in the due queue");
-            ids.push(decoded.order_id.into_string());
+            ids.extend(decoded.messages().map(|m| m.order_id.to_string()));
         }
         let _ = channel.close(200, "requeue".into()).await;
         ids

@@ -1,0 +1,242 @@
+//! Group commit: schedule calls waiting for a slot of the confirm window, and
+//! the bundle the next free slot carries. Pure: no I/O, the clock is an argument.
+//!
+//! A call that finds a free slot and nobody waiting publishes its order alone
+//! (v1), at once: at low load nothing changes. Otherwise it joins the queue,
+//! and whichever waiting call gets the next slot takes the oldest live waiter
+//! and every later one whose order takes the same route through the ladder,
+//! up to `publisher.bundle_max_orders` and `publisher.bundle_max_bytes`. The
+//! route is computed when the slot is taken, never before the wait, so a
+//! waiter never enters the ladder with a delay older than its wait.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::oneshot;
+
+use super::bundle::{ENVELOPE_BYTES, encode_entry};
+use super::error::ScheduleError;
+use super::message::ExpiryMessage;
+use super::scheduler::{Scheduled, remaining_route, remaining_secs};
+use crate::topology::{Ladder, Route};
+
+/// Where a waiting call is told how its order went.
+pub(super) type Reply = oneshot::Sender<Result<Scheduled, ScheduleError>>;
+
+/// One schedule call waiting for a slot.
+#[derive(Debug)]
+pub(super) struct Waiter {
+    pub(super) id: u64,
+    pub(super) message: ExpiryMessage,
+    pub(super) reply: Reply,
+}
+
+/// The orders one slot carries: one message, one route, one confirm.
+#[derive(Debug)]
+pub(super) struct Bundle {
+    pub(super) route: Route,
+    /// Each with its entry's JSON (its v1 object without `"v"`).
+    pub(super) members: Vec<(Waiter, Vec<u8>)>,
+}
+
+/// How big a bundle may get.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Limits {
+    pub(super) max_orders: usize,
+    pub(super) max_bytes: usize,
+}
+
+/// Calls waiting for a slot, oldest first.
+#[derive(Debug, Default)]
+pub(super) struct Waiting {
+    queue: VecDeque<Waiter>,
+}
+
+impl Waiting {
+    pub(super) fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    pub(super) fn push(&mut self, waiter: Waiter) {
+        self.queue.push_back(waiter);
+    }
+
+    /// Takes waiter `id` back, if no slot took it yet (its call failed to
+    /// get a channel and returns that error itself).
+    pub(super) fn remove(&mut self, id: u64) -> Option<Waiter> {
+        let at = self.queue.iter().position(|w| w.id == id)?;
+        self.queue.remove(at)
+    }
+
+    /// The bundle a slot taken at `now` carries; `None` when nobody waits.
+    /// Waiters whose call was dropped are skipped; one whose delay is beyond
+    /// the ladder is answered with that error here.
+    pub(super) fn take_bundle(
+        &mut self,
+        ladder: &Ladder,
+        lead: Duration,
+        limits: Limits,
+        now: DateTime<Utc>,
+    ) -> Option<Bundle> {
+        let (first, route) = loop {
+            let waiter = self.queue.pop_front()?;
+            if waiter.reply.is_closed() {
+                continue;
+            }
+            match remaining_route(&waiter.message, ladder, lead, now) {
+                Ok(route) => break (waiter, route),
+                Err(too_long) => {
+                    let _ = waiter.reply.send(Err(too_long.into()));
+                }
+            }
+        };
+        let entry = encode_entry(&first.message);
+        let mut bytes = ENVELOPE_BYTES + entry.len();
+        let mut members = vec![(first, entry)];
+        let mut kept = VecDeque::with_capacity(self.queue.len());
+        while let Some(waiter) = self.queue.pop_front() {
+            if members.len() >= limits.max_orders {
+                kept.push_back(waiter);
+                kept.extend(self.queue.drain(..));
+                break;
+            }
+            if waiter.reply.is_closed() {
+                continue;
+            }
+            // The same whole seconds through the ladder is the same route.
+            if remaining_secs(&waiter.message, lead, now) != route.delay_secs {
+                kept.push_back(waiter);
+                continue;
+            }
+            let entry = encode_entry(&waiter.message);
+            // The comma before it.
+            if bytes + 1 + entry.len() > limits.max_bytes {
+                kept.push_back(waiter);
+                continue;
+            }
+            bytes += 1 + entry.len();
+            members.push((waiter, entry));
+        }
+        self.queue = kept;
+        Some(Bundle { route, members })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeDelta;
+
+    use super::*;
+    use crate::publisher::OrderId;
+
+    fn ladder() -> Ladder {
+        Ladder::new("g", 10).unwrap()
+    }
+
+    const LEAD: Duration = Duration::from_millis(300);
+
+    fn limits(max_orders: usize) -> Limits {
+        Limits {
+            max_orders,
+            max_bytes: 16384,
+        }
+    }
+
+    fn waiter(
+        id: u64,
+        due_at: DateTime<Utc>,
+    ) -> (Waiter, oneshot::Receiver<Result<Scheduled, ScheduleError>>) {
+        let (reply, rx) = oneshot::channel();
+        let message = ExpiryMessage::new(OrderId::new(format!("o-{id}")).unwrap(), due_at);
+        (Waiter { id, message, reply }, rx)
+    }
+
+    fn ids(bundle: &Bundle) -> Vec<u64> {
+        bundle.members.iter().map(|(w, _)| w.id).collect()
+    }
+
+    #[test]
+    fn waiters_sharing_a_route_leave_together_and_the_others_keep_their_place() {
+        let now = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+        let mut waiting = Waiting::default();
+        let mut replies = Vec::new();
+        // 25.4 s and 25.9 s: 25 s through the ladder; 27 s takes another route.
+        for (id, ms) in [(1, 25_700), (2, 27_500), (3, 26_200), (4, 25_950)] {
+            let (w, rx) = waiter(id, now + TimeDelta::milliseconds(ms));
+            waiting.push(w);
+            replies.push(rx);
+        }
+        let bundle = waiting
+            .take_bundle(&ladder(), LEAD, limits(100), now)
+            .unwrap();
+        assert_eq!(ids(&bundle), [1, 3, 4]);
+        assert_eq!(bundle.route.delay_secs, 25);
+        let next = waiting
+            .take_bundle(&ladder(), LEAD, limits(100), now)
+            .unwrap();
+        assert_eq!(ids(&next), [2]);
+        assert!(
+            waiting
+                .take_bundle(&ladder(), LEAD, limits(100), now)
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_bundle_stops_at_its_order_and_byte_limits() {
+        let now = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+        let mut waiting = Waiting::default();
+        let mut replies = Vec::new();
+        for id in 0..10 {
+            let (w, rx) = waiter(id, now + TimeDelta::seconds(5));
+            waiting.push(w);
+            replies.push(rx);
+        }
+        let bundle = waiting
+            .take_bundle(&ladder(), LEAD, limits(4), now)
+            .unwrap();
+        assert_eq!(ids(&bundle), [0, 1, 2, 3]);
+        let entry = bundle.members[0].1.len();
+        let two = Limits {
+            max_orders: 100,
+            max_bytes: ENVELOPE_BYTES + 2 * entry + 1,
+        };
+        let bundle = waiting.take_bundle(&ladder(), LEAD, two, now).unwrap();
+        assert_eq!(ids(&bundle), [4, 5]);
+        let body_bytes: usize = bundle.members.iter().map(|(_, e)| e.len()).sum();
+        assert_eq!(ENVELOPE_BYTES + body_bytes + 1, two.max_bytes);
+    }
+
+    #[test]
+    fn dropped_calls_are_skipped_and_a_delay_too_long_is_answered_at_once() {
+        let now = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+        let mut waiting = Waiting::default();
+        let (gone, rx_gone) = waiter(1, now + TimeDelta::seconds(5));
+        drop(rx_gone);
+        let (far, mut rx_far) = waiter(2, now + TimeDelta::days(400));
+        let (ok, _rx_ok) = waiter(3, now + TimeDelta::seconds(5));
+        for w in [gone, far, ok] {
+            waiting.push(w);
+        }
+        let bundle = waiting
+            .take_bundle(&ladder(), LEAD, limits(100), now)
+            .unwrap();
+        assert_eq!(ids(&bundle), [3]);
+        assert!(matches!(
+            rx_far.try_recv(),
+            Ok(Err(ScheduleError::DelayTooLong(_)))
+        ));
+        assert!(waiting.is_empty());
+    }
+
+    #[test]
+    fn a_waiter_not_taken_yet_can_be_taken_back() {
+        let now = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+        let mut waiting = Waiting::default();
+        let (w, _rx) = waiter(7, now);
+        waiting.push(w);
+        assert_eq!(waiting.remove(7).map(|w| w.id), Some(7));
+        assert!(waiting.remove(7).is_none());
+    }
+}
