@@ -56,7 +56,7 @@ use crate::topology::{Ladder, LadderError, Topology};
 
 /// What happened to one due message. Each is counted in
 /// `order_expiry_messages_total{outcome}`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
     /// The order was unpaid and is now cancelled.
     Cancelled,

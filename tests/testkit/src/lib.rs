@@ -51,3 +51,22 @@ pub fn message(
     let order_id = order_expiry::OrderId::new(order_id).expect("a valid order id");
     order_expiry::ExpiryMessage::new(order_id, due_at)
 }
+
+/// The v2 body of a bundle of `messages`: each entry its v1 object without
+/// `"v"`, as the publisher writes them.
+pub fn bundle(messages: &[order_expiry::ExpiryMessage]) -> Vec<u8> {
+    let orders: Vec<serde_json::Value> = messages
+        .iter()
+        .map(|m| {
+            let mut entry: serde_json::Value =
+                serde_json::from_slice(&m.encode()).expect("a v1 body is JSON");
+            if let Some(fields) = entry.as_object_mut() {
+                fields.remove("v");
+            }
+            entry
+        })
+        .collect();
+    serde_json::json!({"v": 2, "orders": orders})
+        .to_string()
+        .into_bytes()
+}
