@@ -6,6 +6,23 @@
 #   ORDER_EXPIRY_RMQ4_ROOT   default /var/lib/order-expiry/rabbitmq4-trixie
 #   ORDER_EXPIRY_RMQ4_MIRROR default http://deb.debian.org/debian
 #
+# ORDER_EXPIRY_RMQ4_SUITE picks the broker (the default is trixie: everything
+# in this file then reads 4.0 and means it):
+#
+#   suite            RabbitMQ        chroot (default)                          node               AMQP  dist   epmd  CLI dist
+#   trixie (default) 4.0.x, Erl 27   /var/lib/order-expiry/rabbitmq4-trixie   rabbit4@localhost  5673  25673  4370  35700-35799
+#   forky            4.3.x, Erl 29   /var/lib/order-expiry/rabbitmq43-forky   rabbit43@localhost 5674  25674  4371  35800-35899
+#   sid              4.3.x, Erl 29   /var/lib/order-expiry/rabbitmq43-sid     (as forky: run one of the two at a time)
+#
+# The two chroots are independent (own cookie, epmd, locks, /proc mount) and
+# their nodes run side by side. Export the variable so that the wrappers in
+# scripts/lib/rabbitmq4-bin, run by the tests, reach the same node. On 4.3
+# Khepri is the only metadata store (khepri_db is a required flag there);
+# enable_feature_flag all enables the rest. Bookworm's debootstrap has no
+# script for forky: the sid one is used. Apt in a forky/sid chroot ignores
+# Release files' Valid-Until (see rabbitmq4_ensure). The 4.3 chroot took 64 s
+# to make here.
+#
 # Needs root, debootstrap (installed with apt-get when missing), chroot, mount,
 # flock and setsid; no Docker, no systemd. Making the chroot takes 30-35 s on
 # this machine (up to ~3 minutes on a slow mirror), once; a chroot without its
@@ -52,7 +69,8 @@
 #   restarts do) the 4.0 nodes are silently unregistered and no CLI reaches
 #   them any more; and `epmd -names` there would mix both worlds;
 # - enable_feature_flag all runs after every start; it enables every stable
-#   flag (khepri_db, experimental in 4.0, stays disabled: Mnesia it is);
+#   flag (khepri_db, experimental in 4.0, stays disabled: Mnesia it is; on
+#   4.3 it is required, always on, and the command succeeds as well);
 # - the node's beam is found from its pid file, and is only ever accepted
 #   (for kill -9 too) if it is a beam.smp whose root is this chroot and whose
 #   environment names this node: the system beam (root /) cannot match;
@@ -64,14 +82,34 @@ _rmq4_lib_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=scripts/lib/services.sh
 source "$_rmq4_lib_dir/services.sh"
 
-RMQ4_ROOT=${ORDER_EXPIRY_RMQ4_ROOT:-/var/lib/order-expiry/rabbitmq4-trixie}
+RMQ4_SUITE=${ORDER_EXPIRY_RMQ4_SUITE:-trixie}
+case $RMQ4_SUITE in
+  trixie)
+    # The default, as before: RabbitMQ 4.0.x.
+    _rmq4_default_root=/var/lib/order-expiry/rabbitmq4-trixie
+    RMQ4_LABEL=4.0
+    RMQ4_EPMD_PORT=4370
+    RMQ4_NAME=rabbit4
+    RMQ4_AMQP_PORT=5673
+    RMQ4_DIST_PORT=25673
+    _rmq4_ctl_ports=(35700 35799)
+    ;;
+  forky | sid)
+    # RabbitMQ 4.3.x (Erlang 29): forky, or sid if forky's cannot be
+    # installed. Both use the same node name and ports: one at a time.
+    _rmq4_default_root=/var/lib/order-expiry/rabbitmq43-$RMQ4_SUITE
+    RMQ4_LABEL=4.3
+    RMQ4_EPMD_PORT=4371
+    RMQ4_NAME=rabbit43
+    RMQ4_AMQP_PORT=5674
+    RMQ4_DIST_PORT=25674
+    _rmq4_ctl_ports=(35800 35899)
+    ;;
+  *) die "ORDER_EXPIRY_RMQ4_SUITE must be trixie (RabbitMQ 4.0, the default), forky or sid (4.3), not $RMQ4_SUITE" ;;
+esac
+RMQ4_ROOT=${ORDER_EXPIRY_RMQ4_ROOT:-$_rmq4_default_root}
 RMQ4_MIRROR=${ORDER_EXPIRY_RMQ4_MIRROR:-http://deb.debian.org/debian}
-RMQ4_SUITE=trixie
-RMQ4_EPMD_PORT=4370
-RMQ4_NAME=rabbit4
 RMQ4_NODE=$RMQ4_NAME@localhost
-RMQ4_AMQP_PORT=5673
-RMQ4_DIST_PORT=25673
 RMQ4_URL="amqp://guest:guest@127.0.0.1:$RMQ4_AMQP_PORT/%2f"
 # Inside the chroot.
 RMQ4_DATA=/srv/order-expiry
@@ -132,7 +170,7 @@ _rmq4_remove_tree() {
 # beside it; the loser finds the marker and returns.
 rabbitmq4_ensure() {
   rmq4_ready && return 0
-  [[ $(id -u) -eq 0 ]] || die "making the RabbitMQ 4.0 chroot needs root"
+  [[ $(id -u) -eq 0 ]] || die "making the RabbitMQ $RMQ4_LABEL chroot needs root"
   command -v debootstrap >/dev/null || apt_install debootstrap
   mkdir -p "$(dirname "$RMQ4_ROOT")" || die "cannot create $(dirname "$RMQ4_ROOT")"
   local fd
@@ -155,7 +193,11 @@ rabbitmq4_ensure() {
   # Base system first, then rabbitmq-server with a policy-rc.d that forbids
   # maintainer scripts to start services: a postinst must never start a
   # second broker on 5672/4369 beside the system one.
-  if ! debootstrap --variant=minbase "$RMQ4_SUITE" "$RMQ4_ROOT" "$RMQ4_MIRROR" >>"$buildlog" 2>&1; then
+  # A debootstrap older than the suite (bookworm's 1.0.128 knows no forky)
+  # has no script for it: Debian's suites all use the sid one.
+  local script=()
+  [[ -e /usr/share/debootstrap/scripts/$RMQ4_SUITE ]] || script=(/usr/share/debootstrap/scripts/sid)
+  if ! debootstrap --variant=minbase "$RMQ4_SUITE" "$RMQ4_ROOT" "$RMQ4_MIRROR" "${script[@]}" >>"$buildlog" 2>&1; then
     tail -20 "$buildlog" >&2
     _rmq4_umount_all
     exec {fd}>&-
@@ -165,6 +207,12 @@ rabbitmq4_ensure() {
   printf '#!/bin/sh\nexit 101\n' >"$RMQ4_ROOT/usr/sbin/policy-rc.d"
   chmod 755 "$RMQ4_ROOT/usr/sbin/policy-rc.d"
   _rmq4_write_hosts
+  if [[ $RMQ4_SUITE != trixie ]]; then
+    # A testing or unstable Release file is valid for a week only: apt then
+    # refuses a mirror (or a mirror's cache) older than that, which debootstrap
+    # accepted ("Release file ... is expired"). The signature is still checked.
+    echo 'Acquire::Check-Valid-Until "false";' >"$RMQ4_ROOT/etc/apt/apt.conf.d/99order-expiry-valid-until"
+  fi
   mountpoint -q "$RMQ4_ROOT/proc" || mount -t proc proc "$RMQ4_ROOT/proc" || die "cannot mount /proc in $RMQ4_ROOT"
   local ok=1
   chroot "$RMQ4_ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8 \
@@ -243,7 +291,7 @@ _rmq4_base_env() {
     ERL_EPMD_PORT="$RMQ4_EPMD_PORT" ERL_EPMD_ADDRESS=127.0.0.1
     RABBITMQ_CONF_ENV_FILE="$RMQ4_DATA/rabbitmq-env.conf"
     # CLI tools' own distribution ports, away from the system CLI's 35672+.
-    RABBITMQ_CTL_DIST_PORT_MIN=35700 RABBITMQ_CTL_DIST_PORT_MAX=35799
+    RABBITMQ_CTL_DIST_PORT_MIN="${_rmq4_ctl_ports[0]}" RABBITMQ_CTL_DIST_PORT_MAX="${_rmq4_ctl_ports[1]}"
   )
 }
 
@@ -298,7 +346,7 @@ rmq4_node_ctl() {
   case "${1:-}" in
     queues | diagnostics | plugins | upgrade | streams) tool=rabbitmq-$1; shift ;;
   esac
-  rmq4_ready || die "no RabbitMQ 4.0 chroot at $RMQ4_ROOT (run scripts/lib/rabbitmq4.sh ensure)"
+  rmq4_ready || die "no RabbitMQ $RMQ4_LABEL chroot at $RMQ4_ROOT (run scripts/lib/rabbitmq4.sh ensure)"
   # No mounting here: /proc is mounted while any node runs, and a CLI call
   # with no node up has nothing to talk to.
   local _rmq4_env
@@ -391,7 +439,7 @@ rmq4_node_ensure_launched() {
   exec {fd}>"$RMQ4_ROOT$RMQ4_DATA/.$name.lock" || die "cannot open the lock for $name"
   flock "$fd" || die "cannot lock $name"
   if ! rmq4_node_pid "$name" >/dev/null; then
-    log "starting RabbitMQ 4.0 node $name@localhost on 127.0.0.1:$amqp"
+    log "starting RabbitMQ $RMQ4_LABEL node $name@localhost on 127.0.0.1:$amqp"
     exec {mfd}>"$RMQ4_ROOT.mounts.lock" || die "cannot open $RMQ4_ROOT.mounts.lock"
     flock "$mfd" || die "cannot lock $RMQ4_ROOT.mounts.lock"
     _rmq4_mounts_up
