@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Boots the broker configuration that docker-compose.yml deploys on a real
-# RabbitMQ 4.0 node, and checks that it does what the files promise. Docker
+# RabbitMQ 4.0 node (4.3 with ORDER_EXPIRY_RMQ4_SUITE=forky: ports 5704,
+# 25704, 15704, 15705 below instead), and checks that it does what the files promise. Docker
 # cannot run here, so scripts/check-deploy can only read these files; this
 # runs them:
 #   deploy/rabbitmq.conf, deploy/enabled_plugins, deploy/rabbitmq/advanced.config,
@@ -38,6 +39,14 @@ amqp=5694
 dist=25694
 mgmt=15694
 prom=15695
+# On the RabbitMQ 4.3 chroot (ORDER_EXPIRY_RMQ4_SUITE=forky or sid): ports of
+# its own, so that it can run beside the 4.0 check.
+if [[ $RMQ4_SUITE != trixie ]]; then
+  amqp=5704
+  dist=25704
+  mgmt=15704
+  prom=15705
+fi
 binary=${1:-target/debug/order-expiry}
 [[ -x $binary ]] || cargo build --quiet --bin order-expiry
 vhost=order-expiry
