@@ -49,6 +49,9 @@
 _cluster_lib_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=scripts/lib/rabbitmq4.sh
 source "$_cluster_lib_dir/rabbitmq4.sh"
+# The names and ports below are the 4.0 cluster's: a 4.3 one (forky/sid
+# chroot) would need its own before it could run beside it. Not done yet.
+[[ $RMQ4_SUITE == trixie ]] || die "scripts/lib/cluster.sh runs on the trixie (RabbitMQ 4.0) chroot only, not ORDER_EXPIRY_RMQ4_SUITE=$RMQ4_SUITE"
 
 CLUSTER_NODES=(rabbit4c1@localhost rabbit4c2@localhost rabbit4c3@localhost)
 CLUSTER_PORTS=(5691 5692 5693)
