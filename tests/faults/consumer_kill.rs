@@ -1,7 +1,9 @@
 //! Scenario 2: the consumer is killed (`kill -9`) while it holds unacked
 //! messages, then another one starts. Everything it held comes back from the
 //! broker and is handled, once in effect: an order it had already cancelled
-//! without getting to ack is only acked (`not_unpaid`) the second time.
+//! without getting to ack is only acked (`not_unpaid`) the second time. The
+//! same with the orders in v2 bundles: a bundle whose orders are half settled
+//! at the kill comes back whole, and its repeats change nothing.
 
 use std::time::{Duration, Instant};
 
@@ -15,9 +17,48 @@ const IN_FLIGHT: usize = 50;
 /// Orders still in the ladder when the consumer dies.
 const LADDER: usize = 150;
 
+/// Orders per bundle in the bundled run.
+const BUNDLE: usize = 50;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumer_killed_holding_unacked_messages_loses_nothing_and_cancels_once() {
-    let world = World::new("consumer kill -9").await;
+    killed_holding(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_killed_holding_unacked_bundles_loses_nothing_and_cancels_once() {
+    killed_holding(true).await;
+}
+
+/// Publishes `orders` straight into the due queue: v1 messages, or v2
+/// bundles of [`BUNDLE`]. Returns how many messages that is.
+async fn publish(
+    world: &World,
+    orders: &[(String, chrono::DateTime<chrono::Utc>)],
+    bundled: bool,
+) -> u32 {
+    if !bundled {
+        world.publish_messages(&messages(orders)).await;
+        return orders.len() as u32;
+    }
+    let properties = lapin::BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_delivery_mode(2);
+    let mut sent = 0;
+    for chunk in orders.chunks(BUNDLE) {
+        let body = order_expiry_testkit::bundle(&messages(chunk));
+        world.publish_due(&body, properties.clone()).await;
+        sent += 1;
+    }
+    sent
+}
+
+async fn killed_holding(bundled: bool) {
+    let name = match bundled {
+        false => "consumer kill -9",
+        true => "consumer kill -9, bundles",
+    };
+    let world = World::new(name).await;
     // Its cancel must block on the locked rows: the statement that waits.
     let mut first = world.serve(&WAITING_CANCEL).await;
     first.wait_ready(Duration::from_secs(30)).await;
@@ -39,8 +80,7 @@ async fn consumer_killed_holding_unacked_messages_loses_nothing_and_cancels_once
     let ids: Vec<&str> = in_flight.iter().map(|(id, _)| id.as_str()).collect();
     let lock = world.lock_rows(&ids).await;
 
-    world.publish_messages(&messages(&held)).await;
-    world.publish_messages(&messages(&in_flight)).await;
+    let sent = publish(&world, &held, bundled).await + publish(&world, &in_flight, bundled).await;
     let scheduler = world.scheduler();
     for (id, due) in &ladder {
         scheduler.schedule(id, *due).await.expect("schedule");
@@ -74,7 +114,7 @@ async fn consumer_killed_holding_unacked_messages_loses_nothing_and_cancels_once
     // The broker returns everything the dead consumer held.
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut returned = 0;
-    while returned < (HELD + IN_FLIGHT) as u32 {
+    while returned < sent {
         assert!(
             Instant::now() < deadline,
             "only {returned} returned to the queue"
@@ -140,10 +180,10 @@ async fn consumer_killed_holding_unacked_messages_loses_nothing_and_cancels_once
     assert_eq!(world.depth(&due_queue).await, 0);
     assert_eq!(world.depth(&world.ladder().parked_queue()).await, 0);
     figures.print(
-        "consumer kill -9",
+        name,
         &format!(
             "held unacked at the kill {HELD} + cancel in flight {IN_FLIGHT} (+ {LADDER} in the ladder), \
-             returned to the queue {returned}; the dead consumer's blocked cancel committed after the kill \
+             in {sent} messages, returned to the queue {returned}; the dead consumer's blocked cancel committed after the kill \
              for {committed_by_dead}; second consumer: cancelled {cancelled}, acked as already cancelled {not_unpaid}; \
              all settled {:.1} s after the second consumer started ({:.1} s after the kill)",
             settled.as_secs_f64(),

@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{TimeDelta, Utc};
 use lapin::types::AMQPValue;
 use order_expiry::{FinalOutcome, Outcome, Settings};
-use order_expiry_testkit::{Endpoint, Reply, RunningConsumer, World, at_ms, message};
+use order_expiry_testkit::{Endpoint, Reply, RunningConsumer, World, at_ms, bundle, message};
 use secrecy::SecretString;
 
 const STEPS: [Duration; 2] = [Duration::from_millis(1_000), Duration::from_millis(2_000)];
@@ -44,6 +44,17 @@ fn of(seen: &[(String, Outcome)], id: &str) -> Vec<Outcome> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_step_transition_of_the_payment_check() {
+    step_transitions(false).await;
+}
+
+/// The same orders in one v2 bundle: each is checked on its own, its next
+/// step leaves the bundle as a v1 message through the ladder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_step_transition_of_the_payment_check_in_a_bundle() {
+    step_transitions(true).await;
+}
+
+async fn step_transitions(bundled: bool) {
     use Outcome::*;
     let env = World::new().await;
     let gateway = Endpoint::start().await;
@@ -74,8 +85,16 @@ async fn every_step_transition_of_the_payment_check() {
     env.create_orders(&ids.map(|id| (id.to_owned(), due_at)))
         .await;
     let mut consumer = env.start_consumer_with(&with_check(&env, &gateway, FinalOutcome::Park));
-    env.publish_messages(&ids.map(|id| message(id, due_at)))
-        .await;
+    let messages = ids.map(|id| message(id, due_at));
+    match bundled {
+        false => env.publish_messages(&messages).await,
+        true => {
+            let json = lapin::BasicProperties::default()
+                .with_content_type("application/json".into())
+                .with_delivery_mode(2);
+            env.publish_due(&bundle(&messages), json).await;
+        }
+    }
 
     // c-pending: 2 requeues + cancelled; c-stuck: 2 requeues + parked; the
     // others one each (c-bad parked).

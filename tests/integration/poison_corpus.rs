@@ -108,9 +108,19 @@ fn corpus() -> Vec<Case> {
             Exactly(r#"missing field "due_at""#),
         ),
         json_case(
-            "unknown version 2",
+            "unknown version 3",
+            format!(r#"{{"v":3,"order_id":"a","due_at":"{DUE}"}}"#),
+            Exactly("unknown version 3"),
+        ),
+        json_case(
+            "v2 without its orders list",
             format!(r#"{{"v":2,"order_id":"a","due_at":"{DUE}"}}"#),
-            Exactly("unknown version 2"),
+            Exactly(r#"missing field "orders""#),
+        ),
+        json_case(
+            "v2 with an empty orders list",
+            r#"{"v":2,"orders":[]}"#.into(),
+            Exactly("a v2 bundle with no orders"),
         ),
         json_case(
             "version 1.5",
