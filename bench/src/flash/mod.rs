@@ -31,25 +31,26 @@
 
 mod broker;
 mod paths;
+mod plan;
 mod plot;
 mod report;
+mod run;
 mod serve;
+mod table;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use chrono::{DateTime, TimeDelta, Utc};
 use clap::{Args, ValueEnum};
 use order_expiry::Settings;
-use order_expiry_testkit::{World, free_port};
 use secrecy::SecretString;
 use serde::Serialize;
-use tokio::time::Instant;
 
 use crate::goals::{self, Bench};
 
-pub use self::report::{Report, Row, table};
+pub use self::report::{Report, Row};
+pub use self::table::table;
 
 /// Arguments of `flash`.
 #[derive(Debug, Clone, Args)]
@@ -176,62 +177,6 @@ pub enum Switch {
 /// The variable that turns bundles off in a child (`--bundles off`).
 pub(crate) const NO_BUNDLES_ENV: (&str, &str) = ("ORDER_EXPIRY__PUBLISHER__BUNDLE_MAX_ORDERS", "1");
 
-/// The sale's orders: `F-<i>`, created `within * i / orders` after `t0`, due
-/// `window` later, in whole milliseconds (as messages carry them, so the
-/// deadline rule compares equal times).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Plan {
-    /// Orders.
-    pub(crate) orders: usize,
-    t0: DateTime<Utc>,
-    start: Instant,
-    within_ms: i64,
-    window_ms: i64,
-}
-
-impl Plan {
-    fn new(orders: usize, within: Duration, window: Duration) -> anyhow::Result<Self> {
-        let now = Utc::now();
-        let t0 = DateTime::from_timestamp_millis(now.timestamp_millis()).context("the clock")?;
-        Ok(Self {
-            orders,
-            t0,
-            start: Instant::now(),
-            within_ms: i64::try_from(within.as_millis())?,
-            window_ms: i64::try_from(window.as_millis())?,
-        })
-    }
-
-    /// Order `i`'s id.
-    pub(crate) fn id(i: usize) -> String {
-        format!("F-{i}")
-    }
-
-    fn created_ms(&self, i: usize) -> i64 {
-        (self.within_ms as f64 * i as f64 / self.orders.max(1) as f64) as i64
-    }
-
-    /// When order `i` is created.
-    pub(crate) fn created(&self, i: usize) -> Instant {
-        self.start + Duration::from_millis(self.created_ms(i).max(0) as u64)
-    }
-
-    /// Order `i`'s due time.
-    pub(crate) fn due_at(&self, i: usize) -> DateTime<Utc> {
-        self.t0 + TimeDelta::milliseconds(self.created_ms(i) + self.window_ms)
-    }
-
-    /// Every order with its due time.
-    pub(crate) fn all(&self) -> impl Iterator<Item = (String, DateTime<Utc>)> + '_ {
-        (0..self.orders).map(|i| (Self::id(i), self.due_at(i)))
-    }
-
-    /// When the last order is due.
-    fn last_due(&self) -> Instant {
-        self.start + Duration::from_millis((self.within_ms + self.window_ms).max(0) as u64)
-    }
-}
-
 /// Runs the sale on every path asked for, prints the table, writes
 /// flash.json and flash.svg, and judges the bundles-on runs.
 pub async fn run(settings: &Settings, args: &FlashArgs) -> anyhow::Result<()> {
@@ -263,11 +208,11 @@ pub async fn measure(settings: &Settings, args: &FlashArgs) -> anyhow::Result<Re
             if !args.quiet {
                 eprintln!("flash: {label}: {} orders", args.orders);
             }
-            let row = run_once(&settings, args, *path, *bundled, &binary, &broker)
+            let row = run::run_once(&settings, args, *path, *bundled, &binary, &broker)
                 .await
                 .with_context(|| label.clone())?;
             if !args.quiet {
-                eprintln!("{}", report::row_line(&row));
+                eprintln!("{}", table::row_line(&row));
             }
             report.rows.push(row);
         }
@@ -277,86 +222,4 @@ pub async fn measure(settings: &Settings, args: &FlashArgs) -> anyhow::Result<Re
 
 fn on_off(on: bool) -> &'static str {
     if on { "on" } else { "off" }
-}
-
-/// One run in a world of its own, removed at the end.
-async fn run_once(
-    settings: &Settings,
-    args: &FlashArgs,
-    path: SalePath,
-    bundled: bool,
-    binary: &std::path::Path,
-    broker: &broker::Broker,
-) -> anyhow::Result<Row> {
-    let world = World::builder()
-        .settings(settings.clone())
-        .kind("bench-flash")
-        .build()
-        .await?;
-    let result = run_in(&world, args, path, bundled, binary, broker).await;
-    world.cleanup().await;
-    result
-}
-
-async fn run_in(
-    world: &World,
-    args: &FlashArgs,
-    path: SalePath,
-    bundled: bool,
-    binary: &std::path::Path,
-    broker: &broker::Broker,
-) -> anyhow::Result<Row> {
-    let port = free_port();
-    let mut settings = world.settings.clone();
-    settings.http.listen = format!("127.0.0.1:{port}");
-    let served = serve::Serve::start(binary, &settings, bundled, port).await?;
-    let plan = Plan::new(args.orders, args.within, args.window)?;
-    let say = |what: String| {
-        if !args.quiet {
-            eprintln!("  {what}");
-        }
-    };
-    if path != SalePath::Outbox {
-        paths::insert(world, &plan).await?;
-        say(format!(
-            "inserted {} orders in {:.1} s",
-            plan.orders,
-            plan.start.elapsed().as_secs_f64()
-        ));
-    }
-    let broker_before = broker.cpu_seconds();
-    let scheduled = match path {
-        SalePath::Library => paths::library(&settings, &plan, bundled).await,
-        SalePath::Cli => paths::cli(binary, &settings, &plan, bundled).await,
-        SalePath::Outbox => paths::outbox(&settings, &plan, args.settle).await,
-    };
-    let scheduled = match scheduled {
-        Ok(secs) => secs,
-        Err(e) => {
-            let _ = served.stop().await;
-            return Err(e);
-        }
-    };
-    say(format!(
-        "scheduled in {scheduled:.1} s ({:.0} orders/s)",
-        plan.orders as f64 / scheduled
-    ));
-    let deadline = plan.last_due().max(Instant::now()) + args.settle;
-    let unpaid = paths::wait_settled(world, deadline).await?;
-    let broker_cpu = broker.cpu_seconds().zip(broker_before).map(|(a, b)| a - b);
-    let metrics = served.metrics().await;
-    let peak_rss = served.peak_rss();
-    served.stop().await?;
-    say(format!("settled; {unpaid} unpaid"));
-    let metrics = metrics?;
-    let mut row = Row::read(world, path.as_str(), bundled, plan.orders).await?;
-    row.scheduled_secs = scheduled;
-    row.schedule_rate = plan.orders as f64 / scheduled;
-    row.by_ladder = metrics.ladder_cancelled;
-    row.swept = metrics.swept;
-    row.messages_per_order = metrics.messages_per_order();
-    row.bundle_metric = metrics.bundle_metric();
-    row.broker_cpu_per_1000_s = broker_cpu.map(|s| s * 1000.0 / plan.orders.max(1) as f64);
-    row.serve_peak_rss_mb = peak_rss as f64 / 1e6;
-    Ok(row)
 }

@@ -9,13 +9,16 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use chrono::SecondsFormat;
-use order_expiry::{Scheduler, Settings};
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use order_expiry::{Scheduler, Settings, Topology};
 use order_expiry_testkit::{World, settings_env};
 use secrecy::ExposeSecret;
 use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::time::Instant;
 
-use super::{NO_BUNDLES_ENV, Plan};
+use super::NO_BUNDLES_ENV;
+use super::plan::Plan;
 
 /// Concurrent callers of `Scheduler::schedule` on the library path.
 const CALLERS: usize = 64;
@@ -213,6 +216,41 @@ pub(super) async fn wait_settled(world: &World, deadline: Instant) -> anyhow::Re
             .try_get(0)?;
         if unpaid == 0 || Instant::now() > deadline {
             return Ok(unpaid);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Waits until the ladder and the due queue of `settings` hold no message
+/// ready (every message of the run delivered, so the broker's work for the
+/// sale is done even when the sweeper cancelled the orders first), or
+/// `deadline`; the messages left.
+pub(super) async fn wait_drained(
+    world: &World,
+    settings: &Settings,
+    deadline: Instant,
+) -> anyhow::Result<u64> {
+    let ladder = settings.ladder()?;
+    let parked = ladder.parked_queue();
+    let topology = Topology::describe(&ladder, &settings.topology);
+    let queues: Vec<&str> = topology.queue_names().filter(|q| *q != parked).collect();
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    loop {
+        let channel = world.channel().await;
+        let mut left = 0u64;
+        for queue in &queues {
+            let declared = channel.queue_declare((*queue).into(), passive, FieldTable::default());
+            let depth = tokio::time::timeout(Duration::from_secs(10), declared)
+                .await
+                .with_context(|| format!("no answer for queue {queue}"))?
+                .with_context(|| format!("queue {queue}"))?;
+            left += u64::from(depth.message_count());
+        }
+        if left == 0 || Instant::now() > deadline {
+            return Ok(left);
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
