@@ -23,11 +23,19 @@ pub enum Bench {
     Throughput,
     /// `outbox`: the relay lag.
     Outbox,
+    /// `flash`: a flash sale on each path, bundles on.
+    Flash,
 }
 
 impl Bench {
     /// Every benchmark, in the order `check` runs them.
-    pub const ALL: [Bench; 4] = [Self::Lateness, Self::Burst, Self::Throughput, Self::Outbox];
+    pub const ALL: [Bench; 5] = [
+        Self::Lateness,
+        Self::Burst,
+        Self::Throughput,
+        Self::Outbox,
+        Self::Flash,
+    ];
 
     /// The subcommand's arguments the goals were stated for (`quick`: short
     /// runs for trying `check` out; the goals are not judged on those).
@@ -53,6 +61,15 @@ impl Bench {
             // outbox`, its defaults (1,000/s for 60 s, 8 writers, 5 s warm-up).
             (Self::Outbox, false) => "",
             (Self::Outbox, true) => "--duration 10s --warmup 2s",
+            // The flash-sale goal (`order-expiry-bench flash`): 200,000 orders
+            // due within 10 s, 25 s after they were created, the sweeper on,
+            // every path, bundles on (the bundles-off runs are not judged).
+            (Self::Flash, false) => {
+                "--quiet --orders 200000 --within 10s --window 25s --sweeper on --bundles on"
+            }
+            (Self::Flash, true) => {
+                "--quiet --orders 5000 --within 2s --window 10s --sweeper on --bundles on"
+            }
         }
     }
 }
@@ -64,6 +81,7 @@ impl fmt::Display for Bench {
             Self::Burst => "lateness --burst",
             Self::Throughput => "throughput",
             Self::Outbox => "outbox",
+            Self::Flash => "flash",
         })
     }
 }
@@ -163,6 +181,25 @@ pub const GOALS: &[Goal] = &[
     // `bench/tests/outbox.rs`).
     goal(Bench::Outbox, "rows not relayed", Limit::Zero, "rows"),
     goal(Bench::Outbox, "commit → confirm p99", Limit::AtMost(50.0), "ms"),
+    // The flash-sale goal, each path with bundles on: 200,000 orders due
+    // within 10 s, the sweeper on, and the ladder alone cancels every one of
+    // them on time: none swept, none early, none lost, p99 at most 100 ms,
+    // max at most 1 s.
+    goal(Bench::Flash, "library: swept", Limit::Zero, "orders"),
+    goal(Bench::Flash, "library: cancelled early", Limit::Zero, "orders"),
+    goal(Bench::Flash, "library: lost", Limit::Zero, "orders"),
+    goal(Bench::Flash, "library: p99 lateness", Limit::AtMost(100.0), "ms"),
+    goal(Bench::Flash, "library: max lateness", Limit::AtMost(1000.0), "ms"),
+    goal(Bench::Flash, "cli: swept", Limit::Zero, "orders"),
+    goal(Bench::Flash, "cli: cancelled early", Limit::Zero, "orders"),
+    goal(Bench::Flash, "cli: lost", Limit::Zero, "orders"),
+    goal(Bench::Flash, "cli: p99 lateness", Limit::AtMost(100.0), "ms"),
+    goal(Bench::Flash, "cli: max lateness", Limit::AtMost(1000.0), "ms"),
+    goal(Bench::Flash, "outbox: swept", Limit::Zero, "orders"),
+    goal(Bench::Flash, "outbox: cancelled early", Limit::Zero, "orders"),
+    goal(Bench::Flash, "outbox: lost", Limit::Zero, "orders"),
+    goal(Bench::Flash, "outbox: p99 lateness", Limit::AtMost(100.0), "ms"),
+    goal(Bench::Flash, "outbox: max lateness", Limit::AtMost(1000.0), "ms"),
 ];
 
 /// The goals of one benchmark.
@@ -397,6 +434,14 @@ mod tests {
             Limit::AtLeast(0.7)
         );
         assert_eq!(limit(Bench::Outbox, "flash sale: p99 lateness"), None);
+        for path in ["library", "cli", "outbox"] {
+            let flash = |m: &str| limit(Bench::Flash, &format!("{path}: {m}")).unwrap();
+            assert_eq!(flash("p99 lateness"), Limit::AtMost(100.0));
+            assert_eq!(flash("max lateness"), Limit::AtMost(1000.0));
+            for none in ["swept", "cancelled early", "lost"] {
+                assert_eq!(flash(none), Limit::Zero);
+            }
+        }
     }
 
     #[test]

@@ -8,6 +8,9 @@
 //!   and its memory footprint.
 //! - [`outbox`]: the transactional outbox's relay lag, commit to confirm, at a
 //!   steady rate of committed order transactions.
+//! - [`flash`]: a flash sale: many orders due within seconds, through the
+//!   library, the CLI or the outbox, with and without bundles: lateness, who
+//!   cancelled, broker messages and CPU per order, serve's peak RSS.
 //! - [`goals`]: every goal the README states for them, with the settings it
 //!   was stated for, and the judging of a report against them.
 //! - [`check`]: every benchmark against its goals, one table, a non-zero exit
@@ -20,6 +23,7 @@
 #![warn(missing_debug_implementations, unreachable_pub, missing_docs)]
 
 pub mod check;
+pub mod flash;
 pub mod goals;
 pub mod lateness;
 pub mod outbox;

@@ -1,4 +1,4 @@
-//! `order-expiry-bench lateness|throughput|outbox|check`: the benchmarks, with the
+//! `order-expiry-bench lateness|throughput|outbox|flash|check`: the benchmarks, with the
 //! settings of `order-expiry` (built-in defaults, `--config FILE`,
 //! `ORDER_EXPIRY__…` variables; `ORDER_EXPIRY__AMQP__URL` picks the broker).
 //!
@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use order_expiry::{LogFormat, Settings};
-use order_expiry_bench::{GoalsMissed, check, lateness, outbox, throughput};
+use order_expiry_bench::{GoalsMissed, check, flash, lateness, outbox, throughput};
 
 /// Benchmarks of order-expiry against the local broker and database (not tests).
 #[derive(Debug, Parser)]
@@ -52,6 +52,8 @@ enum Command {
     Throughput(throughput::ThroughputArgs),
     /// Relay lag of the transactional outbox, commit to confirm.
     Outbox(outbox::OutboxArgs),
+    /// A flash sale: many orders due within seconds, on each path.
+    Flash(flash::FlashArgs),
     /// Every benchmark against its goals, at the settings they were stated for.
     Check(check::CheckArgs),
 }
@@ -81,6 +83,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Lateness(args) => lateness::run(&settings, &args).await,
         Command::Throughput(args) => throughput::run(&settings, &args).await,
         Command::Outbox(args) => outbox::run(&settings, &args).await,
+        Command::Flash(args) => flash::run(&settings, &args).await,
         Command::Check(args) => check::run(&settings, &args).await,
     }
 }

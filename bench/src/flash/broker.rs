@@ -1,0 +1,123 @@
+//! The broker's own process, for its CPU time: the `beam.smp` given, or the
+//! one that listens on the broker URL's port (found through `/proc/net/tcp*`
+//! and the processes' socket descriptors), and its version.
+
+use order_expiry::Settings;
+use order_expiry_testkit::procfs;
+use secrecy::ExposeSecret;
+
+/// The broker process, if it could be found on this host.
+#[derive(Debug, Clone)]
+pub(super) struct Broker {
+    /// Its process id.
+    pub(super) pid: Option<u32>,
+    /// `rabbitmq_version` from `rabbitmqctl status` (the local node), or why not.
+    pub(super) version: String,
+}
+
+impl Broker {
+    /// The `beam.smp` of `pid`, or the one listening on the AMQP port of
+    /// `settings` (the first URL of a list).
+    pub(super) fn find(pid: Option<u32>, settings: &Settings) -> Self {
+        let port = amqp_port(settings.amqp.url.expose_secret());
+        Self {
+            pid: pid.or_else(|| listening_beam(port)),
+            version: version(),
+        }
+    }
+
+    /// Its user + system CPU seconds so far.
+    pub(super) fn cpu_seconds(&self) -> Option<f64> {
+        procfs::cpu_seconds(&self.pid?.to_string(), false)
+    }
+}
+
+/// The port of the first `amqp://` or `amqps://` URL (5672 or 5671 unless given).
+fn amqp_port(urls: &str) -> u16 {
+    let first = urls.split(',').next().unwrap_or("").trim();
+    let tls = first.starts_with("amqps://");
+    let authority = first.split("://").nth(1).unwrap_or("").split('/').next();
+    let host = authority.unwrap_or("").rsplit('@').next().unwrap_or("");
+    host.rsplit_once(':')
+        .and_then(|(_, port)| port.parse().ok())
+        .unwrap_or(if tls { 5671 } else { 5672 })
+}
+
+/// The `beam.smp` owning a socket that listens on `port`; the only
+/// `beam.smp` when no socket matches (descriptors unreadable).
+fn listening_beam(port: u16) -> Option<u32> {
+    let inodes = listening_inodes(port);
+    let beams: Vec<u32> = std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim_end() == "beam.smp")
+        })
+        .collect();
+    let owns = |pid: &u32| {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+            .any(|target| {
+                inodes
+                    .iter()
+                    .any(|i| target.to_string_lossy() == format!("socket:[{i}]"))
+            })
+    };
+    match beams.iter().copied().find(owns) {
+        Some(pid) => Some(pid),
+        None if beams.len() == 1 => beams.first().copied(),
+        None => None,
+    }
+}
+
+/// Inodes of the sockets listening on `port` (`/proc/net/tcp` and `tcp6`).
+fn listening_inodes(port: u16) -> Vec<String> {
+    let port = format!("{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .flat_map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .filter_map(|line| {
+                    let f: Vec<&str> = line.split_whitespace().collect();
+                    let local_port = f.get(1)?.rsplit(':').next()?;
+                    (local_port == port && *f.get(3)? == "0A")
+                        .then(|| f.get(9).map(|s| (*s).to_owned()))?
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn version() -> String {
+    let out = std::process::Command::new("rabbitmqctl")
+        .args(["-q", "status", "--formatter", "json"])
+        .output();
+    match out {
+        Ok(out) if out.status.success() => serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            .ok()
+            .and_then(|v| v["rabbitmq_version"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| "unknown (no rabbitmq_version in rabbitmqctl status)".into()),
+        _ => "unknown (rabbitmqctl status failed)".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::amqp_port;
+
+    #[test]
+    fn the_port_of_the_first_url() {
+        assert_eq!(amqp_port("amqp://guest:guest@127.0.0.1:5673/x"), 5673);
+        assert_eq!(amqp_port("amqp://127.0.0.1/%2f"), 5672);
+        assert_eq!(amqp_port("amqps://u:p@h/v"), 5671);
+        assert_eq!(amqp_port("amqp://h:5680/v,amqp://h:5681/v"), 5680);
+    }
+}

@@ -1,0 +1,225 @@
+//! `order-expiry-bench flash`: a flash sale. `--orders` unpaid orders are
+//! created within `--within` seconds, each with the same payment window
+//! `--window`, so their due times are spread evenly over `--within` seconds,
+//! `--window` after the sale starts; how on time does the ladder cancel them?
+//!
+//! Each run has a world of its own (prefix `bench-flash-<id>`, its own schema)
+//! and its own `order-expiry serve` child (the built-in defaults, the world's
+//! names, `--sweeper`), and takes one of three ways onto the ladder
+//! (`--path`):
+//!
+//! - `library`: the orders are inserted first (unpaid, `pay_deadline` =
+//!   `due_at`), then 64 concurrent tasks call `Scheduler::schedule`, each order
+//!   no earlier than its creation time (as the checkouts of a sale would);
+//! - `cli`: the orders are inserted first, then all of them go to
+//!   `order-expiry schedule --stdin` in one NDJSON stream;
+//! - `outbox`: each transaction inserts 2,000 orders and their
+//!   `order_expiry_outbox` rows as soon as the last of them is created; serve's
+//!   relay publishes them.
+//!
+//! `--bundles off` gives serve, the CLI and the library's settings
+//! `publisher.bundle_max_orders = 1` (one order per message); `on` leaves the
+//! built-in default. A build without that setting ignores it (unknown keys are
+//! ignored by the settings loader), and then both runs send one message per
+//! order: the report's messages per order says which it was.
+//!
+//! Lateness is `cancelled_at - pay_deadline` of every order, read from the
+//! database; who cancelled (the ladder or the sweeper), the messages per order
+//! and serve's peak RSS come from serve's `/metrics` and `/proc`, the broker's
+//! CPU from its `beam.smp` in `/proc`. The bundles-on runs are judged by the
+//! goals of [`Bench::Flash`]; the run exits non-zero when one is missed.
+
+mod broker;
+mod paths;
+mod plan;
+mod plot;
+mod report;
+mod run;
+mod serve;
+mod table;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use order_expiry::Settings;
+use secrecy::SecretString;
+use serde::Serialize;
+
+use crate::goals::{self, Bench};
+
+pub use self::report::{Report, Row};
+pub use self::table::table;
+
+/// Arguments of `flash`.
+#[derive(Debug, Clone, Args)]
+pub struct FlashArgs {
+    /// Orders of the sale.
+    #[arg(long, default_value_t = 200_000)]
+    pub orders: usize,
+    /// The orders are created evenly within this long.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub within: Duration,
+    /// Every order's payment window: due this long after it was created.
+    #[arg(long, default_value = "25s", value_parser = humantime::parse_duration)]
+    pub window: Duration,
+    /// How the orders reach the ladder; the runs go one after another.
+    #[arg(long = "path", value_enum, value_delimiter = ',',
+          default_values_t = [SalePath::Library, SalePath::Cli, SalePath::Outbox])]
+    pub paths: Vec<SalePath>,
+    /// Bundles on (the built-in default), off (one order per message) or both
+    /// runs, each path.
+    #[arg(long, value_enum, default_value = "both")]
+    pub bundles: Bundles,
+    /// Whether serve's sweeper runs.
+    #[arg(long, value_enum, default_value = "on")]
+    pub sweeper: Switch,
+    /// The broker, with its vhost (default: amqp.url of the settings, e.g.
+    /// ORDER_EXPIRY__AMQP__URL).
+    #[arg(long, value_name = "URL")]
+    pub amqp_url: Option<String>,
+    /// After the last due time (or the end of scheduling, if later), how long
+    /// to wait for every order to be cancelled before counting the rest lost.
+    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    pub settle: Duration,
+    /// Where flash.json and flash.svg are written.
+    #[arg(long, default_value = ".")]
+    pub out_dir: PathBuf,
+    /// The `order-expiry` binary (default: $ORDER_EXPIRY_BIN, or next to this
+    /// one).
+    #[arg(long, value_name = "FILE")]
+    pub serve_bin: Option<PathBuf>,
+    /// The broker's `beam.smp` process (default: the one listening on the
+    /// broker URL's port).
+    #[arg(long, value_name = "PID")]
+    pub broker_pid: Option<u32>,
+    /// Only the table, no progress lines.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+impl FlashArgs {
+    /// One library-path run with bundles on (the default) and the sweeper off,
+    /// no files: what tests start from.
+    pub fn library(orders: usize, within: Duration, window: Duration) -> Self {
+        Self {
+            orders,
+            within,
+            window,
+            paths: vec![SalePath::Library],
+            bundles: Bundles::On,
+            sweeper: Switch::Off,
+            amqp_url: None,
+            settle: Duration::from_secs(60),
+            out_dir: std::env::temp_dir(),
+            serve_bin: None,
+            broker_pid: None,
+            quiet: true,
+        }
+    }
+}
+
+/// How the orders of a sale reach the ladder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SalePath {
+    /// `Scheduler::schedule` from 64 concurrent tasks.
+    Library,
+    /// One NDJSON stream into `order-expiry schedule --stdin`.
+    Cli,
+    /// `order_expiry_outbox` rows, 2,000 a transaction, relayed by serve.
+    Outbox,
+}
+
+impl SalePath {
+    /// Its `--path` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Library => "library",
+            Self::Cli => "cli",
+            Self::Outbox => "outbox",
+        }
+    }
+}
+
+/// `--bundles`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Bundles {
+    /// The built-in `publisher.bundle_max_orders`.
+    On,
+    /// `publisher.bundle_max_orders = 1`: one order per message.
+    Off,
+    /// Both runs, on first.
+    Both,
+}
+
+impl Bundles {
+    /// The runs, as "bundles on?".
+    fn runs(self) -> &'static [bool] {
+        match self {
+            Self::On => &[true],
+            Self::Off => &[false],
+            Self::Both => &[true, false],
+        }
+    }
+}
+
+/// On or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Switch {
+    /// On.
+    On,
+    /// Off.
+    Off,
+}
+
+/// The variable that turns bundles off in a child (`--bundles off`).
+pub(crate) const NO_BUNDLES_ENV: (&str, &str) = ("ORDER_EXPIRY__PUBLISHER__BUNDLE_MAX_ORDERS", "1");
+
+/// Runs the sale on every path asked for, prints the table, writes
+/// flash.json and flash.svg, and judges the bundles-on runs.
+pub async fn run(settings: &Settings, args: &FlashArgs) -> anyhow::Result<()> {
+    let report = measure(settings, args).await?;
+    println!("{}", table(&report));
+    std::fs::create_dir_all(&args.out_dir)?;
+    let json = report::write_json(&report, &args.out_dir)?;
+    let svg = args.out_dir.join("flash.svg");
+    plot::lateness_cdf(&report, &svg)?;
+    println!("wrote {} and {}", json.display(), svg.display());
+    let verdicts = goals::judge(Bench::Flash, &report.measurements(), false);
+    crate::finish(&verdicts)
+}
+
+/// Runs the sale once per path and bundles setting, each in a world of its
+/// own based on `settings`, and reads the figures back.
+pub async fn measure(settings: &Settings, args: &FlashArgs) -> anyhow::Result<Report> {
+    let mut settings = settings.clone();
+    if let Some(url) = &args.amqp_url {
+        settings.amqp.url = SecretString::from(url.clone());
+    }
+    settings.sweeper.enabled = args.sweeper == Switch::On;
+    let binary = serve::binary(args.serve_bin.as_deref())?;
+    let broker = broker::Broker::find(args.broker_pid, &settings);
+    let mut report = Report::new(&settings, args, &broker);
+    for path in &args.paths {
+        for bundled in args.bundles.runs() {
+            let label = format!("{}, bundles {}", path.as_str(), on_off(*bundled));
+            if !args.quiet {
+                eprintln!("flash: {label}: {} orders", args.orders);
+            }
+            let row = run::run_once(&settings, args, *path, *bundled, &binary, &broker)
+                .await
+                .with_context(|| label.clone())?;
+            if !args.quiet {
+                eprintln!("{}", table::row_line(&row));
+            }
+            report.rows.push(row);
+        }
+    }
+    Ok(report)
+}
+
+fn on_off(on: bool) -> &'static str {
+    if on { "on" } else { "off" }
+}

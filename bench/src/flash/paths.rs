@@ -1,0 +1,257 @@
+//! The three ways a sale's orders reach the ladder, and the orders table
+//! around them: inserting the orders first, waiting until every one is
+//! settled.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use chrono::SecondsFormat;
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use order_expiry::{Scheduler, Settings, Topology};
+use order_expiry_testkit::{World, settings_env};
+use secrecy::ExposeSecret;
+use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::time::Instant;
+
+use super::NO_BUNDLES_ENV;
+use super::plan::Plan;
+
+/// Concurrent callers of `Scheduler::schedule` on the library path.
+const CALLERS: usize = 64;
+/// Orders (and outbox rows) per transaction on the outbox path.
+const OUTBOX_TX: usize = 2_000;
+/// Orders per INSERT when they are inserted before scheduling.
+const INSERT_CHUNK: usize = 10_000;
+
+/// Inserts every order of the plan, unpaid, `pay_deadline` = `due_at`, and
+/// refreshes the planner's statistics so the cancels use the primary key.
+pub(super) async fn insert(world: &World, plan: &Plan) -> anyhow::Result<()> {
+    let orders: Vec<_> = plan.all().collect();
+    for chunk in orders.chunks(INSERT_CHUNK) {
+        world.insert_orders(chunk).await?;
+    }
+    world
+        .store
+        .client()
+        .await?
+        .batch_execute("ANALYZE orders")
+        .await?;
+    Ok(())
+}
+
+/// The library path: `CALLERS` tasks share one `Scheduler`; each schedules
+/// its share of the orders one `schedule` call at a time, none before its
+/// creation time. Seconds from the first call to the last confirm.
+pub(super) async fn library(
+    settings: &Settings,
+    plan: &Plan,
+    bundled: bool,
+) -> anyhow::Result<f64> {
+    let settings = library_settings(settings, bundled)?;
+    let scheduler = Arc::new(Scheduler::from_settings(&settings)?);
+    scheduler.connect().await?;
+    let start = Instant::now();
+    let mut callers = tokio::task::JoinSet::new();
+    for caller in 0..CALLERS {
+        let (scheduler, plan) = (Arc::clone(&scheduler), *plan);
+        callers.spawn(async move {
+            for i in (caller..plan.orders).step_by(CALLERS) {
+                tokio::time::sleep_until(plan.created(i)).await;
+                scheduler
+                    .schedule(Plan::id(i), plan.due_at(i))
+                    .await
+                    .with_context(|| format!("scheduling {}", Plan::id(i)))?;
+            }
+            anyhow::Ok(())
+        });
+    }
+    let mut result = Ok(());
+    while let Some(done) = callers.join_next().await {
+        if let Err(e) = done.map_err(anyhow::Error::from).and_then(|r| r)
+            && result.is_ok()
+        {
+            // The first failure is the one reported; the rest are cancelled.
+            callers.abort_all();
+            result = Err(e);
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    scheduler.close().await;
+    result.map(|()| secs)
+}
+
+/// The settings the library path schedules with: with bundles off, the
+/// publisher section as `publisher.bundle_max_orders = 1` over the built-in
+/// defaults and the environment give it (a build without that key ignores
+/// it), keeping the run's in-flight window and lead.
+fn library_settings(settings: &Settings, bundled: bool) -> anyhow::Result<Settings> {
+    let mut settings = settings.clone();
+    if bundled {
+        return Ok(settings);
+    }
+    let file = std::env::temp_dir().join(format!(
+        "order-expiry-bench-flash-{}.toml",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::write(&file, "[publisher]\nbundle_max_orders = 1\n")?;
+    let loaded = Settings::load(Some(&file));
+    let _ = std::fs::remove_file(&file);
+    let mut publisher = loaded
+        .context("publisher settings without bundles")?
+        .publisher;
+    publisher.max_in_flight = settings.publisher.max_in_flight;
+    publisher.lead = settings.publisher.lead;
+    settings.publisher = publisher;
+    Ok(settings)
+}
+
+/// The CLI path: every order in one NDJSON stream into `order-expiry
+/// schedule --stdin`. Seconds from its start to its exit, which is after the
+/// last confirm.
+pub(super) async fn cli(
+    binary: &Path,
+    settings: &Settings,
+    plan: &Plan,
+    bundled: bool,
+) -> anyhow::Result<f64> {
+    let log = std::env::temp_dir().join(format!(
+        "order-expiry-bench-flash-cli-{}.log",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let mut command = tokio::process::Command::new(binary);
+    command
+        .args(["schedule", "--stdin"])
+        .env_remove("RUST_LOG")
+        .envs(settings_env(settings))
+        .env("ORDER_EXPIRY__LOG__FILTER", "warn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .kill_on_drop(true);
+    if !bundled {
+        command.env(NO_BUNDLES_ENV.0, NO_BUNDLES_ENV.1);
+    }
+    let start = Instant::now();
+    let mut child = command.spawn().context("starting order-expiry schedule")?;
+    let mut stdin = BufWriter::new(child.stdin.take().context("its stdin")?);
+    for (id, due_at) in plan.all() {
+        let due_at = due_at.to_rfc3339_opts(SecondsFormat::Millis, true);
+        let line = format!("{{\"order_id\":\"{id}\",\"due_at\":\"{due_at}\"}}\n");
+        stdin.write_all(line.as_bytes()).await?;
+    }
+    stdin.shutdown().await?;
+    drop(stdin);
+    let status = tokio::time::timeout(Duration::from_secs(600), child.wait())
+        .await
+        .context("order-expiry schedule did not exit within 10 minutes")??;
+    let secs = start.elapsed().as_secs_f64();
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    if !status.success() {
+        let tail: Vec<&str> = said.lines().rev().take(5).collect();
+        bail!("order-expiry schedule exited with {status}: {tail:?}");
+    }
+    let _ = std::fs::remove_file(&log);
+    Ok(secs)
+}
+
+/// The outbox path: one connection commits each `OUTBOX_TX` orders and their
+/// outbox rows in one transaction as soon as the last of them is created;
+/// serve's relay publishes them. Seconds from the first commit's start until
+/// the table is empty again (every row confirmed), at most `limit` after the
+/// last commit.
+pub(super) async fn outbox(
+    settings: &Settings,
+    plan: &Plan,
+    limit: Duration,
+) -> anyhow::Result<f64> {
+    let url = settings.database.url.expose_secret();
+    let (mut db, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .context("outbox writer connection")?;
+    tokio::spawn(connection);
+    let orders = db
+        .prepare("INSERT INTO orders (id, pay_deadline) SELECT * FROM unnest($1::text[], $2::timestamptz[])")
+        .await?;
+    let rows = db
+        .prepare("INSERT INTO order_expiry_outbox (order_id, due_at) SELECT * FROM unnest($1::text[], $2::timestamptz[])")
+        .await?;
+    let start = Instant::now();
+    for first in (0..plan.orders).step_by(OUTBOX_TX) {
+        let last = (first + OUTBOX_TX).min(plan.orders) - 1;
+        tokio::time::sleep_until(plan.created(last)).await;
+        let ids: Vec<String> = (first..=last).map(Plan::id).collect();
+        let due: Vec<_> = (first..=last).map(|i| plan.due_at(i)).collect();
+        let tx = db.transaction().await?;
+        tx.execute(&orders, &[&ids, &due]).await?;
+        tx.execute(&rows, &[&ids, &due]).await?;
+        tx.commit().await?;
+    }
+    let deadline = Instant::now() + limit;
+    loop {
+        let pending: i64 = db
+            .query_one("SELECT count(*) FROM order_expiry_outbox", &[])
+            .await?
+            .try_get(0)?;
+        if pending == 0 {
+            return Ok(start.elapsed().as_secs_f64());
+        }
+        if Instant::now() > deadline {
+            bail!("{pending} outbox rows still pending {limit:?} after the last commit");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until no order is unpaid, or `deadline`; the unpaid ones left.
+pub(super) async fn wait_settled(world: &World, deadline: Instant) -> anyhow::Result<i64> {
+    let client = world.store.client().await?;
+    loop {
+        let unpaid: i64 = client
+            .query_one("SELECT count(*) FROM orders WHERE status = 'unpaid'", &[])
+            .await?
+            .try_get(0)?;
+        if unpaid == 0 || Instant::now() > deadline {
+            return Ok(unpaid);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Waits until the ladder and the due queue of `settings` hold no message
+/// ready (every message of the run delivered, so the broker's work for the
+/// sale is done even when the sweeper cancelled the orders first), or
+/// `deadline`; the messages left.
+pub(super) async fn wait_drained(
+    world: &World,
+    settings: &Settings,
+    deadline: Instant,
+) -> anyhow::Result<u64> {
+    let ladder = settings.ladder()?;
+    let parked = ladder.parked_queue();
+    let topology = Topology::describe(&ladder, &settings.topology);
+    let queues: Vec<&str> = topology.queue_names().filter(|q| *q != parked).collect();
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    loop {
+        let channel = world.channel().await;
+        let mut left = 0u64;
+        for queue in &queues {
+            let declared = channel.queue_declare((*queue).into(), passive, FieldTable::default());
+            let depth = tokio::time::timeout(Duration::from_secs(10), declared)
+                .await
+                .with_context(|| format!("no answer for queue {queue}"))?
+                .with_context(|| format!("queue {queue}"))?;
+            left += u64::from(depth.message_count());
+        }
+        if left == 0 || Instant::now() > deadline {
+            return Ok(left);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}

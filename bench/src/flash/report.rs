@@ -1,0 +1,301 @@
+//! The flash sale's figures: one row per run (path, bundles), read from the
+//! database and serve's metrics, as a text table, JSON and goal measurements.
+
+use std::path::{Path, PathBuf};
+
+use chrono::Utc;
+use order_expiry::Settings;
+use order_expiry_testkit::World;
+use serde::Serialize;
+
+use super::broker::Broker;
+use super::{FlashArgs, Switch};
+use crate::goals::Measurement;
+use crate::percentile;
+
+/// One run's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// `library`, `cli` or `outbox`.
+    pub path: String,
+    /// Bundles on (the built-in default) or off (one order per message).
+    pub bundles: bool,
+    /// Orders of the sale.
+    pub orders: usize,
+    /// Seconds from the first schedule to the last confirm (outbox: to the
+    /// table empty again).
+    pub scheduled_secs: f64,
+    /// Orders over `scheduled_secs`.
+    pub schedule_rate: f64,
+    /// Orders cancelled, by anyone.
+    pub cancelled: usize,
+    /// Cancelled through the ladder (serve's `messages_total{outcome="cancelled"}`).
+    pub by_ladder: f64,
+    /// Cancelled by the sweeper (`order_expiry_swept_total`).
+    pub swept: f64,
+    /// Cancelled before their due time.
+    pub early: usize,
+    /// Still unpaid at the end: never cancelled.
+    pub lost: usize,
+    /// Lateness, ms: median.
+    pub p50_ms: f64,
+    /// 99th percentile.
+    pub p99_ms: f64,
+    /// 99.9th percentile.
+    pub p999_ms: f64,
+    /// Worst.
+    pub max_ms: f64,
+    /// Due messages per order (1 when serve has no `orders_per_message`).
+    pub messages_per_order: f64,
+    /// Whether serve had the `order_expiry_orders_per_message` histogram.
+    pub bundle_metric: bool,
+    /// The broker's CPU seconds per 1,000 orders, from the first schedule
+    /// until every order is settled and the ladder and due queue are empty.
+    pub broker_cpu_per_1000_s: Option<f64>,
+    /// serve's peak RSS, MB.
+    pub serve_peak_rss_mb: f64,
+    /// Every cancelled order's lateness, sorted.
+    #[serde(skip)]
+    pub lateness_ms: Vec<f64>,
+}
+
+impl Row {
+    /// The lateness figures from every cancelled order's lateness; the rest
+    /// zero until the run fills them in.
+    pub fn from_lateness(
+        path: &str,
+        bundles: bool,
+        orders: usize,
+        lost: usize,
+        mut lateness_ms: Vec<f64>,
+    ) -> Self {
+        lateness_ms.sort_by(f64::total_cmp);
+        Self {
+            path: path.to_owned(),
+            bundles,
+            orders,
+            scheduled_secs: 0.0,
+            schedule_rate: 0.0,
+            cancelled: lateness_ms.len(),
+            by_ladder: 0.0,
+            swept: 0.0,
+            early: lateness_ms.iter().filter(|l| **l < 0.0).count(),
+            lost,
+            p50_ms: percentile(&lateness_ms, 50.0),
+            p99_ms: percentile(&lateness_ms, 99.0),
+            p999_ms: percentile(&lateness_ms, 99.9),
+            max_ms: lateness_ms.last().copied().unwrap_or(0.0),
+            messages_per_order: 1.0,
+            bundle_metric: false,
+            broker_cpu_per_1000_s: None,
+            serve_peak_rss_mb: 0.0,
+            lateness_ms,
+        }
+    }
+
+    /// `cancelled_at - pay_deadline` of every cancelled order and the unpaid
+    /// ones left, from the world's database.
+    pub(super) async fn read(
+        world: &World,
+        path: &str,
+        bundles: bool,
+        orders: usize,
+    ) -> anyhow::Result<Self> {
+        let client = world.store.client().await?;
+        let lateness: Vec<f64> = client
+            .query(
+                "SELECT extract(epoch FROM cancelled_at - pay_deadline)::float8 * 1000
+                 FROM orders WHERE status = 'cancelled'",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, _>>()?;
+        let lost: i64 = client
+            .query_one("SELECT count(*) FROM orders WHERE status = 'unpaid'", &[])
+            .await?
+            .try_get(0)?;
+        Ok(Self::from_lateness(
+            path,
+            bundles,
+            orders,
+            usize::try_from(lost)?,
+            lateness,
+        ))
+    }
+
+    /// `library, bundles on`.
+    pub fn label(&self) -> String {
+        format!("{}, bundles {}", self.path, super::on_off(self.bundles))
+    }
+}
+
+/// The benchmark's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// When it started (UTC).
+    pub started: String,
+    /// The command line.
+    pub command: String,
+    /// The broker's URL, password hidden.
+    pub broker: String,
+    /// The broker's version (the local node's `rabbitmqctl status`).
+    pub broker_version: String,
+    /// The broker process whose CPU was read.
+    pub broker_pid: Option<u32>,
+    /// Orders of each run.
+    pub orders: usize,
+    /// Created within, seconds.
+    pub within_s: f64,
+    /// Payment window, seconds.
+    pub window_s: f64,
+    /// Whether serve's sweeper ran.
+    pub sweeper: bool,
+    /// Holding queue type.
+    pub queue_type: String,
+    /// `publisher.max_in_flight`.
+    pub max_in_flight: usize,
+    /// `consumer.prefetch`.
+    pub prefetch: u16,
+    /// Cores of this machine.
+    pub cores: usize,
+    /// One row per run.
+    pub rows: Vec<Row>,
+}
+
+impl Report {
+    pub(super) fn new(settings: &Settings, args: &FlashArgs, broker: &Broker) -> Self {
+        Self {
+            started: Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
+            command: std::env::args().collect::<Vec<_>>().join(" "),
+            broker: settings.amqp.display_url(),
+            broker_version: broker.version.clone(),
+            broker_pid: broker.pid,
+            orders: args.orders,
+            within_s: args.within.as_secs_f64(),
+            window_s: args.window.as_secs_f64(),
+            sweeper: args.sweeper == Switch::On,
+            queue_type: settings.topology.queue_type.as_str().to_owned(),
+            max_in_flight: settings.publisher.max_in_flight,
+            prefetch: settings.consumer.prefetch,
+            cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            rows: Vec::new(),
+        }
+    }
+
+    /// The bundles-on runs' figures, named as the goals' measures
+    /// (`<path>: swept` ...); bundles-off runs are reported, not judged.
+    pub fn measurements(&self) -> Vec<Measurement> {
+        let mut out = Vec::new();
+        for row in self.rows.iter().filter(|r| r.bundles) {
+            let p = &row.path;
+            out.extend([
+                Measurement::new(format!("{p}: swept"), row.swept),
+                Measurement::new(format!("{p}: cancelled early"), row.early as f64),
+                Measurement::new(format!("{p}: lost"), row.lost as f64),
+                Measurement::new(format!("{p}: p99 lateness"), row.p99_ms),
+                Measurement::new(format!("{p}: max lateness"), row.max_ms),
+            ]);
+        }
+        out
+    }
+}
+
+/// Writes `flash.json` (the figures and every sorted lateness) into `dir`.
+pub(super) fn write_json(report: &Report, dir: &Path) -> anyhow::Result<PathBuf> {
+    let json = dir.join("flash.json");
+    let mut value = serde_json::to_value(report)?;
+    for (row, out) in report
+        .rows
+        .iter()
+        .zip(value["rows"].as_array_mut().into_iter().flatten())
+    {
+        out["lateness_ms_sorted"] = serde_json::json!(row.lateness_ms);
+    }
+    std::fs::write(&json, serde_json::to_string_pretty(&value)? + "\n")?;
+    Ok(json)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flash::table;
+    use crate::goals::{Bench, all_met, judge};
+
+    fn row(path: &str, bundles: bool, lateness: Vec<f64>, lost: usize, swept: f64) -> Row {
+        let mut r = Row::from_lateness(path, bundles, lateness.len() + lost, lost, lateness);
+        r.swept = swept;
+        r
+    }
+
+    fn report(rows: Vec<Row>) -> Report {
+        Report {
+            started: "2026-12-02 00:00 UTC".into(),
+            command: "order-expiry-bench flash".into(),
+            broker: "amqp://127.0.0.1:5672/flashbench".into(),
+            broker_version: "3.10.8".into(),
+            broker_pid: None,
+            orders: 10,
+            within_s: 10.0,
+            window_s: 25.0,
+            sweeper: true,
+            queue_type: "quorum".into(),
+            max_in_flight: 50,
+            prefetch: 5000,
+            cores: 2,
+            rows,
+        }
+    }
+
+    #[test]
+    fn only_bundles_on_runs_are_judged_and_every_goal_is_measured() {
+        let on_time: Vec<Row> = ["library", "cli", "outbox"]
+            .iter()
+            .map(|p| row(p, true, vec![5.0; 10], 0, 0.0))
+            .collect();
+        let mut rows = on_time.clone();
+        rows.push(row("library", false, vec![-1.0, 9_000.0], 3, 7.0));
+        let verdicts = judge(Bench::Flash, &report(rows).measurements(), true);
+        assert!(
+            verdicts.iter().all(|v| v.measured.is_some()),
+            "{verdicts:?}"
+        );
+        assert!(
+            all_met(&verdicts),
+            "the bundles-off run is not judged: {verdicts:?}"
+        );
+        assert!(table(&report(on_time)).contains("| library |"));
+    }
+
+    #[test]
+    fn a_swept_early_lost_or_late_order_misses_the_goal() {
+        let missed = |r: Row| {
+            let verdicts = judge(Bench::Flash, &report(vec![r]).measurements(), false);
+            verdicts
+                .iter()
+                .filter(|v| !v.met)
+                .map(|v| v.goal.measure)
+                .collect::<Vec<_>>()
+        };
+        assert!(missed(row("cli", true, vec![5.0; 10], 0, 0.0)).is_empty());
+        assert_eq!(
+            missed(row("cli", true, vec![5.0; 10], 0, 1.0)),
+            ["cli: swept"]
+        );
+        assert_eq!(
+            missed(row("cli", true, vec![5.0; 10], 1, 0.0)),
+            ["cli: lost"]
+        );
+        let early = missed(row("outbox", true, vec![-0.5, 5.0], 0, 0.0));
+        assert_eq!(early, ["outbox: cancelled early"]);
+        let mut late = vec![5.0; 99];
+        late.push(1_001.0);
+        assert_eq!(
+            missed(row("library", true, late, 0, 0.0)),
+            ["library: max lateness"]
+        );
+        let slow = missed(row("library", true, vec![101.0; 10], 0, 0.0));
+        assert_eq!(slow, ["library: p99 lateness"]);
+    }
+}

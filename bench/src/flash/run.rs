@@ -1,0 +1,99 @@
+//! One run of the sale: its world, its serve, its path, its figures.
+
+use std::path::Path;
+use std::time::Duration;
+
+use order_expiry::Settings;
+use order_expiry_testkit::{World, free_port};
+use tokio::time::Instant;
+
+use super::broker::Broker;
+use super::plan::Plan;
+use super::report::Row;
+use super::{FlashArgs, SalePath, paths, serve};
+
+/// One run in a world of its own, removed at the end.
+pub(super) async fn run_once(
+    settings: &Settings,
+    args: &FlashArgs,
+    path: SalePath,
+    bundled: bool,
+    binary: &Path,
+    broker: &Broker,
+) -> anyhow::Result<Row> {
+    let world = World::builder()
+        .settings(settings.clone())
+        .kind("bench-flash")
+        .build()
+        .await?;
+    let result = run_in(&world, args, path, bundled, binary, broker).await;
+    world.cleanup().await;
+    result
+}
+
+async fn run_in(
+    world: &World,
+    args: &FlashArgs,
+    path: SalePath,
+    bundled: bool,
+    binary: &Path,
+    broker: &Broker,
+) -> anyhow::Result<Row> {
+    let port = free_port();
+    let mut settings = world.settings.clone();
+    settings.http.listen = format!("127.0.0.1:{port}");
+    let served = serve::Serve::start(binary, &settings, bundled, port).await?;
+    let plan = Plan::new(args.orders, args.within, args.window)?;
+    let say = |what: String| {
+        if !args.quiet {
+            eprintln!("  {what}");
+        }
+    };
+    if path != SalePath::Outbox {
+        paths::insert(world, &plan).await?;
+        say(format!(
+            "inserted {} orders in {:.1} s",
+            plan.orders,
+            plan.start.elapsed().as_secs_f64()
+        ));
+    }
+    let broker_before = broker.cpu_seconds();
+    let scheduled = match path {
+        SalePath::Library => paths::library(&settings, &plan, bundled).await,
+        SalePath::Cli => paths::cli(binary, &settings, &plan, bundled).await,
+        SalePath::Outbox => paths::outbox(&settings, &plan, args.settle).await,
+    };
+    let scheduled = match scheduled {
+        Ok(secs) => secs,
+        Err(e) => {
+            let _ = served.stop().await;
+            return Err(e);
+        }
+    };
+    say(format!(
+        "scheduled in {scheduled:.1} s ({:.0} orders/s)",
+        plan.orders as f64 / scheduled
+    ));
+    let deadline = plan.last_due().max(Instant::now()) + args.settle;
+    let unpaid = paths::wait_settled(world, deadline).await?;
+    let deadline = deadline.max(Instant::now() + Duration::from_secs(30));
+    let undelivered = paths::wait_drained(world, &settings, deadline).await?;
+    let broker_cpu = broker.cpu_seconds().zip(broker_before).map(|(a, b)| a - b);
+    let metrics = served.metrics().await;
+    let peak_rss = served.peak_rss();
+    served.stop().await?;
+    say(format!(
+        "settled; {unpaid} unpaid, {undelivered} messages still in the ladder"
+    ));
+    let metrics = metrics?;
+    let mut row = Row::read(world, path.as_str(), bundled, plan.orders).await?;
+    row.scheduled_secs = scheduled;
+    row.schedule_rate = plan.orders as f64 / scheduled;
+    row.by_ladder = metrics.ladder_cancelled;
+    row.swept = metrics.swept;
+    row.messages_per_order = metrics.messages_per_order();
+    row.bundle_metric = metrics.bundle_metric();
+    row.broker_cpu_per_1000_s = broker_cpu.map(|s| s * 1000.0 / plan.orders.max(1) as f64);
+    row.serve_peak_rss_mb = peak_rss as f64 / 1e6;
+    Ok(row)
+}
