@@ -105,7 +105,10 @@ async fn migrate_while_running(old_levels: u8, new_levels: u8, n: usize, old_con
     new.topology.levels = new_levels;
     env.declare(&new).await.unwrap();
     let messages = in_flight(&env, n).await;
-    assert!(messages < n, "{messages} messages for {n} orders: no bundle to move");
+    assert!(
+        messages < n,
+        "{messages} messages for {n} orders: no bundle to move"
+    );
     let consumer = env.start_consumer_with(&new);
     let old = old_consumer.then(|| env.start_consumer());
     let from = ["--from-prefix", &env.settings.topology.prefix];

@@ -84,28 +84,13 @@ pub(super) async fn library(
     result.map(|()| secs)
 }
 
-/// The settings the library path schedules with: with bundles off, the
-/// publisher section as `publisher.bundle_max_orders = 1` over the built-in
-/// defaults and the environment give it (a build without that key ignores
-/// it), keeping the run's in-flight window and lead.
+/// The settings the library path schedules with: bundles off is
+/// `publisher.bundle_max_orders = 1`.
 fn library_settings(settings: &Settings, bundled: bool) -> anyhow::Result<Settings> {
     let mut settings = settings.clone();
-    if bundled {
-        return Ok(settings);
+    if !bundled {
+        settings.publisher.bundle_max_orders = 1;
     }
-    let file = std::env::temp_dir().join(format!(
-        "order-expiry-bench-flash-{}.toml",
-        uuid::Uuid::new_v4().simple()
-    ));
-    std::fs::write(&file, "[publisher]\nbundle_max_orders = 1\n")?;
-    let loaded = Settings::load(Some(&file));
-    let _ = std::fs::remove_file(&file);
-    let mut publisher = loaded
-        .context("publisher settings without bundles")?
-        .publisher;
-    publisher.max_in_flight = settings.publisher.max_in_flight;
-    publisher.lead = settings.publisher.lead;
-    settings.publisher = publisher;
     Ok(settings)
 }
 
