@@ -195,11 +195,7 @@ impl Scheduler {
             Ok(order_id) => self.publish(ExpiryMessage::new(order_id, due_at)).await,
             Err(invalid) => Err(invalid.into()),
         };
-        let label = match &result {
-            Ok(_) => "ok",
-            Err(e) => e.label(),
-        };
-        metrics::counter!(SCHEDULE_TOTAL.name, "result" => label).increment(1);
+        count(&result);
         result
     }
 
@@ -228,11 +224,39 @@ impl Scheduler {
         O: TryInto<OrderId> + 'a,
         ScheduleError: From<O::Error>,
     {
-        // Enough calls at once to fill every slot with a full bundle.
-        let calls = self.max_in_flight.saturating_mul(self.bundles.max_orders);
+        let bundle = self.bundles.max_orders;
+        // Bundles on: what is ready at once leaves as one group, every order
+        // in the waiting queue before any takes a slot, so a batch fills its
+        // bundles from its first message on (one by one, the first calls
+        // would find free slots and leave alone). A stream that trickles
+        // gives groups of one: nothing waits for more to come.
         orders
-            .map(move |(order_id, due_at)| self.schedule(order_id, due_at))
-            .buffered(calls)
+            .ready_chunks(bundle)
+            .map(move |chunk| async move {
+                let mut results: Vec<Option<Result<Scheduled, ScheduleError>>> = Vec::new();
+                let mut valid = Vec::with_capacity(chunk.len());
+                for (order_id, due_at) in chunk {
+                    match order_id.try_into() {
+                        Ok(order_id) => {
+                            valid.push(ExpiryMessage::new(order_id, due_at));
+                            results.push(None);
+                        }
+                        Err(invalid) => results.push(Some(Err(invalid.into()))),
+                    }
+                }
+                let mut published = self.publish_group(valid).await.into_iter();
+                let results: Vec<_> = results
+                    .into_iter()
+                    .map(|r| {
+                        r.or_else(|| published.next())
+                            .unwrap_or_else(never_answered)
+                    })
+                    .inspect(count)
+                    .collect();
+                futures::stream::iter(results)
+            })
+            .buffered(self.max_in_flight)
+            .flatten()
     }
 
     /// Closes the connection cleanly.
@@ -251,35 +275,70 @@ impl Scheduler {
         if nobody_waits && let Ok(_slot) = self.in_flight.try_acquire() {
             return self.publish_alone(message).await;
         }
+        let (id, answer) = self.enqueue(message.clone());
+        self.wait_for(id, message, answer).await
+    }
+
+    /// Every order of `messages` into the waiting queue at once, then each
+    /// answer: they leave in as few bundles as their routes allow. One result
+    /// per message, in order.
+    async fn publish_group(
+        &self,
+        messages: Vec<ExpiryMessage>,
+    ) -> Vec<Result<Scheduled, ScheduleError>> {
+        if self.bundles.max_orders <= 1 || messages.len() <= 1 {
+            let publishing = messages.into_iter().map(|m| self.publish(m));
+            return futures::future::join_all(publishing).await;
+        }
+        let queued: Vec<_> = messages
+            .into_iter()
+            .map(|m| (self.enqueue(m.clone()), m))
+            .collect();
+        let mut results = Vec::with_capacity(queued.len());
+        for ((id, answer), message) in queued {
+            results.push(self.wait_for(id, message, answer).await);
+        }
+        results
+    }
+
+    /// Puts `message` in the waiting queue: the next slot's bundle may take it.
+    fn enqueue(&self, message: ExpiryMessage) -> (u64, Answer) {
+        let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
+        let (reply, answer) = oneshot::channel();
+        self.waiting().push(Waiter { id, message, reply });
+        (id, answer)
+    }
+
+    /// Waits for the answer about waiter `id` (`message`), carrying the
+    /// next bundle on every slot it gets while calls wait.
+    async fn wait_for(
+        &self,
+        mut id: u64,
+        message: ExpiryMessage,
+        mut answer: Answer,
+    ) -> Result<Scheduled, ScheduleError> {
         loop {
-            let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
-            let (reply, mut answer) = oneshot::channel();
-            let waiter = Waiter {
-                id,
-                message: message.clone(),
-                reply,
-            };
-            self.waiting().push(waiter);
             let answered = loop {
-                tokio::select! {
+                let slot = tokio::select! {
                     biased;
                     answered = &mut answer => break answered,
-                    slot = self.in_flight.acquire() => {
-                        let _slot = slot.ok();
-                        let carried = self.carry_next_bundle().await;
-                        if let Err(error) = carried {
-                            let ours = self.waiting().remove(id);
-                            // Ours was not taken yet: this call ends with the error.
-                            if ours.is_some() {
-                                return Err(error);
-                            }
-                            break answer.await;
-                        }
-                        let nobody_waits = self.waiting().is_empty();
-                        if nobody_waits {
-                            break answer.await;
-                        }
+                    slot = self.in_flight.acquire() => slot.ok(),
+                };
+                let carried = self.carry_next_bundle().await;
+                // The slot is free again before this call waits for its own
+                // answer: a waiting call never holds a slot idle.
+                drop(slot);
+                if let Err(error) = carried {
+                    let ours = self.waiting().remove(id);
+                    // Ours was not taken yet: this call ends with the error.
+                    if ours.is_some() {
+                        return Err(error);
                     }
+                    break (&mut answer).await;
+                }
+                let nobody_waits = self.waiting().is_empty();
+                if nobody_waits {
+                    break (&mut answer).await;
                 }
             };
             match answered {
@@ -287,7 +346,7 @@ impl Scheduler {
                 // The call that took our order was dropped before its confirm
                 // (a caller's timeout): the broker may or may not hold it;
                 // publish it again (a duplicate is cancelled once).
-                Err(_) => continue,
+                Err(_) => (id, answer) = self.enqueue(message.clone()),
             }
         }
     }
@@ -383,6 +442,23 @@ impl Scheduler {
             }
         }
     }
+}
+
+/// Where a waiting call hears how its order went.
+type Answer = oneshot::Receiver<Result<Scheduled, ScheduleError>>;
+
+/// Counts one schedule call's result in `order_expiry_schedule_total`.
+fn count(result: &Result<Scheduled, ScheduleError>) {
+    let label = match result {
+        Ok(_) => "ok",
+        Err(e) => e.label(),
+    };
+    metrics::counter!(SCHEDULE_TOTAL.name, "result" => label).increment(1);
+}
+
+/// A result that cannot be missing (one per valid order); a timeout if it were.
+fn never_answered() -> Result<Scheduled, ScheduleError> {
+    Err(ScheduleError::Timeout(Duration::ZERO))
 }
 
 /// A publish that got no confirm; every order of a bundle sees the same.

@@ -9,8 +9,9 @@
 //! (`--path`):
 //!
 //! - `library`: the orders are inserted first (unpaid, `pay_deadline` =
-//!   `due_at`), then 64 concurrent tasks call `Scheduler::schedule`, each order
-//!   no earlier than its creation time (as the checkouts of a sale would);
+//!   `due_at`), then each order is scheduled by a `Scheduler::schedule` call
+//!   of its own at its creation time, as the checkouts of a sale would
+//!   (`--callers N`: N tasks, each one call after another);
 //! - `cli`: the orders are inserted first, then all of them go to
 //!   `order-expiry schedule --stdin` in one NDJSON stream;
 //! - `outbox`: each transaction inserts 2,000 orders and their
@@ -75,6 +76,13 @@ pub struct FlashArgs {
     /// Whether serve's sweeper runs.
     #[arg(long, value_enum, default_value = "on")]
     pub sweeper: Switch,
+    /// The library path's callers: this many tasks, each scheduling its share
+    /// one call after another; 0 (the default): one call per order at its
+    /// creation time, as an order service's request handlers make them.
+    /// Sequential callers cap the rate at callers / confirm latency, whatever
+    /// the ladder does.
+    #[arg(long, default_value_t = 0)]
+    pub callers: usize,
     /// The broker, with its vhost (default: amqp.url of the settings, e.g.
     /// ORDER_EXPIRY__AMQP__URL).
     #[arg(long, value_name = "URL")]
@@ -110,6 +118,7 @@ impl FlashArgs {
             paths: vec![SalePath::Library],
             bundles: Bundles::On,
             sweeper: Switch::Off,
+            callers: 0,
             amqp_url: None,
             settle: Duration::from_secs(60),
             out_dir: std::env::temp_dir(),
@@ -124,7 +133,7 @@ impl FlashArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SalePath {
-    /// `Scheduler::schedule` from 64 concurrent tasks.
+    /// `Scheduler::schedule`: one call per order, or from `--callers` tasks.
     Library,
     /// One NDJSON stream into `order-expiry schedule --stdin`.
     Cli,

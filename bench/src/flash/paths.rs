@@ -20,8 +20,6 @@ use tokio::time::Instant;
 use super::NO_BUNDLES_ENV;
 use super::plan::Plan;
 
-/// Concurrent callers of `Scheduler::schedule` on the library path.
-const CALLERS: usize = 64;
 /// Orders (and outbox rows) per transaction on the outbox path.
 const OUTBOX_TX: usize = 2_000;
 /// Orders per INSERT when they are inserted before scheduling.
@@ -43,39 +41,53 @@ pub(super) async fn insert(world: &World, plan: &Plan) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The library path: `CALLERS` tasks share one `Scheduler`; each schedules
-/// its share of the orders one `schedule` call at a time, none before its
-/// creation time. Seconds from the first call to the last confirm.
+/// The library path: one `Scheduler` for every call. With `callers` 0, each
+/// order is scheduled by a task of its own started at its creation time (an
+/// order service's request handlers); otherwise `callers` tasks each schedule
+/// their share one call at a time, none before its creation time. Seconds
+/// from the first call to the last confirm.
 pub(super) async fn library(
     settings: &Settings,
     plan: &Plan,
     bundled: bool,
+    callers: usize,
 ) -> anyhow::Result<f64> {
     let settings = library_settings(settings, bundled)?;
     let scheduler = Arc::new(Scheduler::from_settings(&settings)?);
     scheduler.connect().await?;
     let start = Instant::now();
-    let mut callers = tokio::task::JoinSet::new();
-    for caller in 0..CALLERS {
-        let (scheduler, plan) = (Arc::clone(&scheduler), *plan);
-        callers.spawn(async move {
-            for i in (caller..plan.orders).step_by(CALLERS) {
-                tokio::time::sleep_until(plan.created(i)).await;
-                scheduler
-                    .schedule(Plan::id(i), plan.due_at(i))
-                    .await
-                    .with_context(|| format!("scheduling {}", Plan::id(i)))?;
-            }
-            anyhow::Ok(())
-        });
+    let mut calls = tokio::task::JoinSet::new();
+    let schedule = |scheduler: Arc<Scheduler>, plan: Plan, i: usize| async move {
+        scheduler
+            .schedule(Plan::id(i), plan.due_at(i))
+            .await
+            .map(drop)
+            .with_context(|| format!("scheduling {}", Plan::id(i)))
+    };
+    if callers == 0 {
+        for i in 0..plan.orders {
+            tokio::time::sleep_until(plan.created(i)).await;
+            calls.spawn(schedule(Arc::clone(&scheduler), *plan, i));
+        }
+    } else {
+        for caller in 0..callers {
+            let (scheduler, plan) = (Arc::clone(&scheduler), *plan);
+            calls.spawn(async move {
+                for i in (caller..plan.orders).step_by(callers) {
+                    tokio::time::sleep_until(plan.created(i)).await;
+                    schedule(Arc::clone(&scheduler), plan, i).await?;
+                }
+                anyhow::Ok(())
+            });
+        }
     }
     let mut result = Ok(());
-    while let Some(done) = callers.join_next().await {
+    while let Some(done) = calls.join_next().await {
         if let Err(e) = done.map_err(anyhow::Error::from).and_then(|r| r)
             && result.is_ok()
         {
             // The first failure is the one reported; the rest are cancelled.
-            callers.abort_all();
+            calls.abort_all();
             result = Err(e);
         }
     }

@@ -59,7 +59,7 @@ async fn run_in(
     }
     let broker_before = broker.cpu_seconds();
     let scheduled = match path {
-        SalePath::Library => paths::library(&settings, &plan, bundled).await,
+        SalePath::Library => paths::library(&settings, &plan, bundled, args.callers).await,
         SalePath::Cli => paths::cli(binary, &settings, &plan, bundled).await,
         SalePath::Outbox => paths::outbox(&settings, &plan, args.settle).await,
     };

@@ -70,3 +70,10 @@ pub fn bundle(messages: &[order_expiry::ExpiryMessage]) -> Vec<u8> {
         .to_string()
         .into_bytes()
 }
+
+/// The order ids a due message carries: one for v1, each order of a v2
+/// bundle; panics on a body that is neither.
+pub fn order_ids(body: &[u8]) -> Vec<String> {
+    let decoded = order_expiry::DueMessage::decode(body, None, 1 << 20).expect("a due message");
+    decoded.messages().map(|m| m.order_id.to_string()).collect()
+}
