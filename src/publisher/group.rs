@@ -58,6 +58,11 @@ impl Waiting {
         self.queue.is_empty()
     }
 
+    /// Calls waiting, whatever their route.
+    pub(super) fn len(&self) -> usize {
+        self.queue.len()
+    }
+
     pub(super) fn push(&mut self, waiter: Waiter) {
         self.queue.push_back(waiter);
     }

@@ -15,7 +15,7 @@
 //! the broker before its TTL starts: with 1,000 in flight a flash sale queued
 //! 150-470 ms there, past the 300 ms lead (README, Timeliness).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,11 +24,11 @@ use futures::{Stream, StreamExt};
 use lapin::options::BasicPublishOptions;
 use lapin::{BasicProperties, Channel, Confirmation};
 use secrecy::SecretString;
-use tokio::sync::{Semaphore, oneshot};
+use tokio::sync::{Notify, Semaphore, oneshot};
 
 use super::bundle::{encode_bundle, encode_entry};
 use super::error::ScheduleError;
-use super::group::{Limits, Waiter, Waiting};
+use super::group::{Bundle, Limits, Waiter, Waiting};
 use super::message::ExpiryMessage;
 use super::order_id::OrderId;
 use crate::amqp::{self, BrokerError, ConfirmLink, TlsFiles};
@@ -70,6 +70,10 @@ pub struct Scheduler {
     max_in_flight: usize,
     /// One permit per publish in flight, for every caller of this scheduler.
     in_flight: Arc<Semaphore>,
+    /// Bundles being published now (not yet confirmed).
+    carrying: AtomicUsize,
+    /// Told when a bundle was confirmed or a full one gathered.
+    bundle_event: Notify,
     lead: Duration,
     link: ConfirmLink,
     bundles: Limits,
@@ -114,6 +118,8 @@ impl Scheduler {
             ladder,
             max_in_flight,
             in_flight: Arc::new(Semaphore::new(max_in_flight)),
+            carrying: AtomicUsize::new(0),
+            bundle_event: Notify::new(),
             lead: settings.publisher.lead,
             link: ConfirmLink::new(url, tls, "order-expiry publisher", settings.amqp.timeout),
             bundles: Limits {
@@ -271,8 +277,17 @@ impl Scheduler {
             let _slot = self.in_flight.acquire().await.ok();
             return self.publish_alone(message).await;
         }
+        // Alone at once when nothing is in flight at all (low load). Otherwise
+        // through the waiting queue, where Nagle's rule (`may_carry`) lets a
+        // call leave at once when no bundle is in flight, and makes it wait
+        // for the one in flight (one confirm round trip at most) otherwise.
         let nobody_waits = self.waiting().is_empty();
-        if nobody_waits && let Ok(_slot) = self.in_flight.try_acquire() {
+        let idle = self.carrying.load(Ordering::Acquire) == 0
+            && self.in_flight.available_permits() == self.max_in_flight;
+        if nobody_waits
+            && idle
+            && let Ok(_slot) = self.in_flight.try_acquire()
+        {
             return self.publish_alone(message).await;
         }
         let (id, answer) = self.enqueue(message.clone());
@@ -305,8 +320,22 @@ impl Scheduler {
     fn enqueue(&self, message: ExpiryMessage) -> (u64, Answer) {
         let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
         let (reply, answer) = oneshot::channel();
-        self.waiting().push(Waiter { id, message, reply });
+        let waiting = {
+            let mut queue = self.waiting();
+            queue.push(Waiter { id, message, reply });
+            queue.len()
+        };
+        if waiting == self.bundles.max_orders {
+            self.bundle_event.notify_waiters();
+        }
         (id, answer)
+    }
+
+    /// Whether a call holding a slot may carry the next bundle now: no bundle
+    /// is in flight, or a full one waits.
+    fn may_carry(&self) -> bool {
+        self.carrying.load(Ordering::Acquire) == 0
+            || self.waiting().len() >= self.bundles.max_orders
     }
 
     /// Waits for the answer about waiter `id` (`message`), carrying the
@@ -324,6 +353,26 @@ impl Scheduler {
                     answered = &mut answer => break answered,
                     slot = self.in_flight.acquire() => slot.ok(),
                 };
+                // Nagle's rule: a bundle that is not full leaves only when no
+                // other bundle is in flight; full ones leave on any free slot.
+                // Under load the broker then gets one message per confirm
+                // round trip until bundles fill, then as many full ones as
+                // the window holds: few, full messages, never a window of
+                // single orders.
+                if !self.may_carry() {
+                    drop(slot);
+                    let event = self.bundle_event.notified();
+                    tokio::pin!(event);
+                    event.as_mut().enable();
+                    if self.may_carry() {
+                        continue;
+                    }
+                    tokio::select! {
+                        biased;
+                        answered = &mut answer => break answered,
+                        () = event => continue,
+                    }
+                }
                 let carried = self.carry_next_bundle().await;
                 // The slot is free again before this call waits for its own
                 // answer: a waiting call never holds a slot idle.
@@ -367,19 +416,27 @@ impl Scheduler {
             .waiting()
             .take_bundle(&self.ladder, self.lead, self.bundles, Utc::now());
         let Some(bundle) = taken else { return Ok(()) };
+        self.carrying.fetch_add(1, Ordering::AcqRel);
+        let _carried = Carried(self);
+        self.publish_bundle(&channel, link_id, bundle).await;
+        Ok(())
+    }
+
+    /// Publishes a taken bundle (one order alone as v1) and answers each.
+    async fn publish_bundle(&self, channel: &Channel, link_id: u64, bundle: Bundle) {
         if bundle.members.len() == 1 {
             // Alone after all: a v1 message, as at low load.
             for (waiter, _) in bundle.members {
-                let result = self.publish_on(&channel, link_id, waiter.message.clone(), Utc::now());
+                let result = self.publish_on(channel, link_id, waiter.message.clone(), Utc::now());
                 let _ = waiter.reply.send(result.await);
             }
-            return Ok(());
+            return;
         }
         let message_id = uuid::Uuid::new_v4().to_string();
         let orders = bundle.members.len();
         let body = encode_bundle(bundle.members.iter().map(|(_, e)| e.as_slice()));
         let outgoing = Outgoing::with_body(bundle.route, body, &message_id, Utc::now());
-        let answer = self.confirm(&channel, link_id, &outgoing).await;
+        let answer = self.confirm(channel, link_id, &outgoing).await;
         for (waiter, _) in bundle.members {
             let result = match &answer {
                 Ok(confirmation) => confirmed(
@@ -393,7 +450,6 @@ impl Scheduler {
             };
             let _ = waiter.reply.send(result);
         }
-        Ok(())
     }
 
     /// Publishes one order alone (v1), on a slot the caller holds.
@@ -441,6 +497,17 @@ impl Scheduler {
                 Err(PublishFailed::Broker(error))
             }
         }
+    }
+}
+
+/// A bundle in flight, counted in `carrying` until dropped (also when the
+/// carrying call is cancelled); its end wakes the calls that wait to carry.
+struct Carried<'a>(&'a Scheduler);
+
+impl Drop for Carried<'_> {
+    fn drop(&mut self) {
+        self.0.carrying.fetch_sub(1, Ordering::AcqRel);
+        self.0.bundle_event.notify_waiters();
     }
 }
 
