@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures::future::{self, Either};
 use futures::{Stream, StreamExt};
 use lapin::options::BasicPublishOptions;
 use lapin::{BasicProperties, Channel, Confirmation};
@@ -348,10 +349,12 @@ impl Scheduler {
     ) -> Result<Scheduled, ScheduleError> {
         loop {
             let answered = loop {
-                let slot = tokio::select! {
-                    biased;
-                    answered = &mut answer => break answered,
-                    slot = self.in_flight.acquire() => slot.ok(),
+                // Our answer first, then a slot (the publisher has no
+                // tokio macros: `select` polls its left side first).
+                let acquiring = std::pin::pin!(self.in_flight.acquire());
+                let slot = match future::select(&mut answer, acquiring).await {
+                    Either::Left((answered, _)) => break answered,
+                    Either::Right((slot, _)) => slot.ok(),
                 };
                 // Nagle's rule: a bundle that is not full leaves only when no
                 // other bundle is in flight; full ones leave on any free slot.
@@ -361,16 +364,14 @@ impl Scheduler {
                 // single orders.
                 if !self.may_carry() {
                     drop(slot);
-                    let event = self.bundle_event.notified();
-                    tokio::pin!(event);
+                    let mut event = std::pin::pin!(self.bundle_event.notified());
                     event.as_mut().enable();
                     if self.may_carry() {
                         continue;
                     }
-                    tokio::select! {
-                        biased;
-                        answered = &mut answer => break answered,
-                        () = event => continue,
+                    match future::select(&mut answer, event).await {
+                        Either::Left((answered, _)) => break answered,
+                        Either::Right(((), _)) => continue,
                     }
                 }
                 let carried = self.carry_next_bundle().await;
@@ -596,6 +597,7 @@ impl Outgoing {
     /// `messages` in one message: a v1 one for one order, a v2 bundle for
     /// more, routed by the earliest of them (the others arrive a little
     /// earlier than they need, and are held).
+    #[cfg_attr(not(feature = "service"), allow(dead_code))]
     pub(crate) fn for_orders(
         first: &ExpiryMessage,
         rest: &[ExpiryMessage],
