@@ -18,7 +18,11 @@ const NO_SWEEPER: [(&str, &str); 1] = [("ORDER_EXPIRY__SWEEPER__ENABLED", "false
 const DRAIN_ORDERS: i64 = 20_000;
 
 /// Inserts `n` unpaid orders `prefix-1..n` due at `due_at` in one statement,
-/// and schedules them all (confirmed) through a publisher on node 3.
+/// and schedules them all (confirmed) through a publisher on node 3, one
+/// message per order (bundles off): the due queue then holds more messages
+/// than one consumer's prefetch, and the consumers that subscribe later get
+/// their share. A due queue of 200 bundles would go whole to whichever
+/// consumer subscribed first (README, Competing consumers).
 async fn place(world: &ClusterWorld, prefix: &str, n: i64, due_at: DateTime<Utc>) -> Vec<String> {
     let ids: Vec<String> = (1..=n).map(|i| format!("{prefix}-{i}")).collect();
     let due_at = message(&ids[0], due_at).due_at;
@@ -30,7 +34,9 @@ async fn place(world: &ClusterWorld, prefix: &str, n: i64, due_at: DateTime<Utc>
         )
         .await
         .expect("insert orders");
-    let scheduler = world.scheduler_on(3, Duration::from_secs(10));
+    let scheduler = world
+        .scheduler_on(3, Duration::from_secs(10))
+        .with_bundle_max_orders(1);
     let results = scheduler
         .schedule_many(ids.iter().map(|id| (id.as_str(), due_at)))
         .await;
