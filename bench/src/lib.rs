@@ -67,6 +67,20 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+/// A lateness for the tables: milliseconds, or seconds from 10 s on.
+pub(crate) fn fmt_ms(ms: f64) -> String {
+    if ms.abs() >= 10_000.0 {
+        format!("{:.1} s", ms / 1000.0)
+    } else {
+        format!("{ms:.1} ms")
+    }
+}
+
+/// What plotters said, as the benchmarks report it.
+pub(crate) fn plot_error<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+    anyhow::anyhow!("drawing the chart: {e:?}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::percentile;

@@ -7,6 +7,7 @@ use std::path::Path;
 use plotters::prelude::*;
 
 use super::report::Report;
+use crate::plot_error;
 
 /// Points drawn per run at most.
 const POINTS: usize = 2_000;
@@ -80,8 +81,4 @@ pub(super) fn lateness_cdf(report: &Report, path: &Path) -> anyhow::Result<()> {
         .map_err(plot_error)?;
     root.present().map_err(plot_error)?;
     Ok(())
-}
-
-fn plot_error<E: std::fmt::Debug>(e: E) -> anyhow::Error {
-    anyhow::anyhow!("drawing the chart: {e:?}")
 }

@@ -3,6 +3,7 @@
 
 use super::on_off;
 use super::report::{Report, Row};
+use crate::fmt_ms;
 
 const HEADER: [&str; 15] = [
     "path",
@@ -105,12 +106,4 @@ pub fn table(report: &Report) -> String {
          first schedule until settled and the ladder empty, per 1,000 orders\n",
     );
     out
-}
-
-fn fmt_ms(ms: f64) -> String {
-    if ms.abs() >= 10_000.0 {
-        format!("{:.1} s", ms / 1000.0)
-    } else {
-        format!("{ms:.1} ms")
-    }
 }

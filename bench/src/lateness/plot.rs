@@ -6,6 +6,7 @@ use std::path::Path;
 use plotters::prelude::*;
 
 use super::report::Report;
+use crate::plot_error;
 
 /// Writes `report`'s lateness CDFs to an SVG file.
 pub(super) fn lateness_cdf(report: &Report, path: &Path) -> anyhow::Result<()> {
@@ -70,8 +71,4 @@ pub(super) fn lateness_cdf(report: &Report, path: &Path) -> anyhow::Result<()> {
         .map_err(plot_error)?;
     root.present().map_err(plot_error)?;
     Ok(())
-}
-
-fn plot_error<E: std::fmt::Debug>(e: E) -> anyhow::Error {
-    anyhow::anyhow!("drawing the chart: {e:?}")
 }

@@ -7,7 +7,7 @@ use order_expiry_testkit::World;
 use serde::Serialize;
 
 use crate::goals::{Bench, Measurement};
-use crate::percentile;
+use crate::{fmt_ms, percentile};
 
 /// One design's figures, in milliseconds.
 #[derive(Debug, Clone, Serialize)]
@@ -215,14 +215,6 @@ pub fn table(report: &Report) -> String {
         ));
     }
     out
-}
-
-fn fmt_ms(ms: f64) -> String {
-    if ms.abs() >= 10_000.0 {
-        format!("{:.1} s", ms / 1000.0)
-    } else {
-        format!("{ms:.1} ms")
-    }
 }
 
 #[cfg(test)]
