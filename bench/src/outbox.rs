@@ -58,6 +58,7 @@ pub struct OutboxArgs {
 struct Sample {
     committed_at: DateTime<Utc>,
     created_at: Option<DateTime<Utc>>,
+    locked_at: Option<DateTime<Utc>>,
     confirmed_at: Option<DateTime<Utc>>,
 }
 
@@ -82,9 +83,28 @@ pub struct OutboxReport {
     pub created_to_confirm_ms: [f64; 5],
     /// Pending rows sampled every second.
     pub pending: Vec<i64>,
+    /// The rows that waited longest (measured ones), slowest first: when
+    /// each was committed and how long it waited, to line a stall up with
+    /// what else happened then (the relay's slow-round log, the disk).
+    pub slowest: Vec<SlowRow>,
     /// Load average (1 min) at the start and at the end.
     pub load: (f64, f64),
 }
+
+/// One row that waited long from its commit to its confirm.
+#[derive(Debug, Clone, Serialize)]
+pub struct SlowRow {
+    /// When its transaction's `COMMIT` returned.
+    pub committed_at: DateTime<Utc>,
+    /// Commit → confirm, ms.
+    pub waited_ms: f64,
+    /// Of that, commit → locked by a round (waiting for a round), ms; the
+    /// rest is the round's publish and commit.
+    pub before_round_ms: f64,
+}
+
+/// How many of the slowest rows a report lists.
+const SLOWEST: usize = 10;
 
 /// Runs the benchmark, prints the report and writes it as JSON.
 pub async fn run(settings: &Settings, args: &OutboxArgs) -> anyhow::Result<()> {
@@ -153,6 +173,7 @@ async fn measure_in(world: &World, args: &OutboxArgs) -> anyhow::Result<OutboxRe
                 Sample {
                     committed_at,
                     created_at: None,
+                    locked_at: None,
                     confirmed_at: None,
                 },
             );
@@ -196,6 +217,18 @@ async fn measure_in(world: &World, args: &OutboxArgs) -> anyhow::Result<OutboxRe
         .iter()
         .filter_map(|s| Some(ms(s.confirmed_at? - s.created_at?)))
         .collect();
+    let mut slowest: Vec<SlowRow> = measured
+        .iter()
+        .filter_map(|s| {
+            Some(SlowRow {
+                committed_at: s.committed_at,
+                waited_ms: ms(s.confirmed_at? - s.committed_at),
+                before_round_ms: ms(s.locked_at? - s.committed_at),
+            })
+        })
+        .collect();
+    slowest.sort_by(|a, b| b.waited_ms.total_cmp(&a.waited_ms));
+    slowest.truncate(SLOWEST);
     commit.sort_by(f64::total_cmp);
     created.sort_by(f64::total_cmp);
     let figures = |v: &[f64]| {
@@ -211,6 +244,7 @@ async fn measure_in(world: &World, args: &OutboxArgs) -> anyhow::Result<OutboxRe
         commit_to_confirm_ms: figures(&commit),
         created_to_confirm_ms: figures(&created),
         pending,
+        slowest,
         load: (load_start, load_average()),
     })
 }
@@ -234,6 +268,7 @@ fn record(samples: &mut HashMap<String, Sample>, row: Relayed) -> Recorded {
                 return Recorded::Again;
             }
             sample.created_at = Some(row.created_at);
+            sample.locked_at = Some(row.locked_at);
             sample.confirmed_at = row.confirmed_at;
             Recorded::First
         }
@@ -318,12 +353,25 @@ pub fn table(r: &OutboxReport) -> String {
         )
     };
     let max_pending = r.pending.iter().max().copied().unwrap_or(0);
+    let slowest: Vec<String> = r
+        .slowest
+        .iter()
+        .map(|s| {
+            format!(
+                "{} +{:.0} ms ({:.0} before its round)",
+                s.committed_at.format("%H:%M:%S%.3f"),
+                s.waited_ms,
+                s.before_round_ms
+            )
+        })
+        .collect();
     format!(
         "outbox relay lag on {}: {} transactions committed at {:.0}/s, {} relayed ({} twice), {} measured after the warm-up\n\
          | lag (ms)                           |    p50 |    p90 |    p99 |  p99.9 |     max |\n\
          | ---------------------------------- | ------:| ------:| ------:| ------:| -------:|\n\
          {}\n{}\n\
          pending rows, every second: {:?} (max {max_pending})\n\
+         slowest rows (committed at, waited): {}\n\
          load average (1 min): {:.2} at the start, {:.2} at the end",
         r.broker,
         r.committed,
@@ -334,6 +382,7 @@ pub fn table(r: &OutboxReport) -> String {
         row("commit → confirm", &r.commit_to_confirm_ms),
         row("created_at (tx start) → confirm", &r.created_to_confirm_ms),
         r.pending,
+        slowest.join(", "),
         r.load.0,
         r.load.1,
     )
@@ -355,6 +404,7 @@ mod tests {
             commit_to_confirm_ms: [2.0, 5.0, p99, 20.0, 40.0],
             created_to_confirm_ms: [2.0, 5.0, 14.0, 20.0, 40.0],
             pending: vec![0, 3],
+            slowest: Vec::new(),
             load: (0.5, 0.7),
         }
     }

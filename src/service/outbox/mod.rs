@@ -51,6 +51,27 @@ use crate::telemetry::{
 /// The log target of the relay's events.
 pub(super) const RELAY: &str = "order_expiry::outbox";
 
+/// A round slower than this is logged with the time each phase took: the
+/// rows it held waited that long for their confirm.
+const SLOW_ROUND: Duration = Duration::from_secs(1);
+
+/// Logs a round slower than [`SLOW_ROUND`], naming where the time went: the
+/// database (locking the rows, committing their delete) or the broker
+/// (publishing and waiting for the confirms).
+fn warn_if_slow(rows: usize, started: Instant, locked: Instant, published: Instant) {
+    let took = started.elapsed();
+    if took < SLOW_ROUND {
+        return;
+    }
+    let ms = |d: Duration| d.as_millis() as u64;
+    warn!(target: RELAY, rows, took_ms = ms(took),
+        lock_ms = ms(locked - started),
+        publish_ms = ms(published - locked),
+        commit_ms = ms(published.elapsed()),
+        "slow outbox round: its rows waited for it"
+    );
+}
+
 /// Why the relay cannot be built, or why a round failed (it is retried).
 #[derive(Debug, Error)]
 pub enum RelayError {
@@ -210,7 +231,10 @@ impl Relay {
         };
         link.drain()?;
         let batch_max = self.settings.batch_max;
+        let started = Instant::now();
         let (locked, rows) = link.lock(batch_max).await?;
+        let locked_at = Instant::now();
+        let locked_wall = Utc::now();
         if rows.is_empty() {
             locked.finish(&[], &[]).await?;
             return Ok(Round::default());
@@ -267,8 +291,16 @@ impl Relay {
                 }
             }
         }
+        let published_at = Instant::now();
         locked.finish(&done, &rejected).await?;
-        report(self.observer.as_ref(), &published, &rejected, failed);
+        warn_if_slow(rows.len(), started, locked_at, published_at);
+        report(
+            self.observer.as_ref(),
+            locked_wall,
+            &published,
+            &rejected,
+            failed,
+        );
         Ok(Round {
             published: published.len(),
             rejected: rejected.len(),

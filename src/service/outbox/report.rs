@@ -21,6 +21,9 @@ pub struct Relayed {
     pub due_at: DateTime<Utc>,
     /// Its `created_at`: the start of the transaction that inserted it.
     pub created_at: DateTime<Utc>,
+    /// When the round that relayed it locked it: from its commit until then
+    /// it waited for a round, after it for the round's publish and commit.
+    pub locked_at: DateTime<Utc>,
     /// When the broker confirmed its message; `None` for a rejected row.
     pub confirmed_at: Option<DateTime<Utc>>,
     /// Why it can never be published, for a rejected row.
@@ -30,6 +33,7 @@ pub struct Relayed {
 /// Metrics, logs and the observer, once a round committed.
 pub(super) fn report(
     observer: Option<&UnboundedSender<Relayed>>,
+    locked_at: DateTime<Utc>,
     published: &[(&OutboxRow, DateTime<Utc>)],
     rejected: &[(&OutboxRow, String)],
     failed: usize,
@@ -55,6 +59,7 @@ pub(super) fn report(
         order_id: row.order_id.clone(),
         due_at: row.due_at,
         created_at: row.created_at,
+        locked_at,
         confirmed_at,
         rejected,
     };
