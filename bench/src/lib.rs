@@ -11,6 +11,8 @@
 //! - [`flash`]: a flash sale: many orders due within seconds, through the
 //!   library, the CLI or the outbox, with and without bundles: lateness, who
 //!   cancelled, broker messages and CPU per order, serve's peak RSS.
+//! - [`cancel`]: what PostgreSQL charges per cancelled order at each batch
+//!   size, the next ceiling once the ladder carries bundles.
 //! - [`goals`]: every goal the README states for them, with the settings it
 //!   was stated for, and the judging of a report against them.
 //! - [`check`]: every benchmark against its goals, one table, a non-zero exit
@@ -22,6 +24,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_debug_implementations, unreachable_pub, missing_docs)]
 
+pub mod cancel;
 pub mod check;
 pub mod flash;
 pub mod goals;

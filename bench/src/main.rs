@@ -1,4 +1,4 @@
-//! `order-expiry-bench lateness|throughput|outbox|flash|check`: the benchmarks, with the
+//! `order-expiry-bench lateness|throughput|outbox|flash|cancel|check`: the benchmarks, with the
 //! settings of `order-expiry` (built-in defaults, `--config FILE`,
 //! `ORDER_EXPIRY__…` variables; `ORDER_EXPIRY__AMQP__URL` picks the broker).
 //!
@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use order_expiry::{LogFormat, Settings};
-use order_expiry_bench::{GoalsMissed, check, flash, lateness, outbox, throughput};
+use order_expiry_bench::{GoalsMissed, cancel, check, flash, lateness, outbox, throughput};
 
 /// Benchmarks of order-expiry against the local broker and database (not tests).
 #[derive(Debug, Parser)]
@@ -54,6 +54,9 @@ enum Command {
     Outbox(outbox::OutboxArgs),
     /// A flash sale: many orders due within seconds, on each path.
     Flash(flash::FlashArgs),
+    /// What PostgreSQL charges per cancelled order, by batch size: the
+    /// ceiling past the ladder.
+    Cancel(cancel::CancelArgs),
     /// Every benchmark against its goals, at the settings they were stated for.
     Check(check::CheckArgs),
 }
@@ -84,6 +87,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Throughput(args) => throughput::run(&settings, &args).await,
         Command::Outbox(args) => outbox::run(&settings, &args).await,
         Command::Flash(args) => flash::run(&settings, &args).await,
+        Command::Cancel(args) => cancel::run(&settings, &args).await,
         Command::Check(args) => check::run(&settings, &args).await,
     }
 }
