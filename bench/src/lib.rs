@@ -11,7 +11,7 @@
 //! - [`flash`]: a flash sale: many orders due within seconds, through the
 //!   library, the CLI or the outbox, with and without bundles: lateness, who
 //!   cancelled, broker messages and CPU per order, serve's peak RSS.
-//! - [`goals`]: every goal the README states for them, with the settings it
+//! - [`goals`]: every goal the book states for them (docs/src/results), with the settings it
 //!   was stated for, and the judging of a report against them.
 //! - [`check`]: every benchmark against its goals, one table, a non-zero exit
 //!   when one is missed.
