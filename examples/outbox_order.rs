@@ -9,10 +9,13 @@
 //!
 //! Uses the same settings as the binary (defaults, then `ORDER_EXPIRY__…`):
 //! `database.url` for the orders and the outbox, the ladder's settings to check
-//! that the due time fits it. It opens no broker connection.
+//! that the due time fits it. It opens no broker connection. `create_order` is
+//! the README's Rust snippet, and the integration tests call it
+//! (`tests/integration/readme.rs`).
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use order_expiry::{OutboxError, Scheduler, Settings};
 use secrecy::ExposeSecret;
 
@@ -29,36 +32,46 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut db, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
     tokio::spawn(connection);
 
-    let due_at = chrono::Utc::now() + chrono::TimeDelta::from_std(window)?;
+    let due_at = Utc::now() + chrono::TimeDelta::from_std(window)?;
+    println!(
+        "{}",
+        create_order(&scheduler, &mut db, &order_id, due_at, rollback).await?
+    );
+    Ok(())
+}
+
+/// Creates an unpaid order due at `due_at` and schedules its expiry, in one
+/// transaction: the order and its expiry, or neither.
+pub async fn create_order(
+    scheduler: &Scheduler,
+    db: &mut tokio_postgres::Client,
+    order_id: &str,
+    due_at: DateTime<Utc>,
+    rollback: bool,
+) -> Result<String, Box<dyn std::error::Error>> {
     let tx = db.transaction().await?;
     tx.execute(
         "INSERT INTO orders (id, pay_deadline) VALUES ($1, $2)",
         &[&order_id, &due_at],
     )
     .await?;
-    let entry = match scheduler
-        .schedule_in_tx(&tx, order_id.as_str(), due_at)
-        .await
-    {
+    let entry = match scheduler.schedule_in_tx(&tx, order_id, due_at).await {
         Ok(entry) => entry,
         // The order cannot be expired as asked: do not create it either.
         Err(e @ (OutboxError::InvalidOrderId(_) | OutboxError::DelayTooLong(_))) => {
             tx.rollback().await?;
-            eprintln!("{order_id}: not created: {e}");
-            return Ok(());
+            return Ok(format!("{order_id}: not created: {e}"));
         }
         // The transaction is rolled back when `tx` is dropped.
         Err(e) => return Err(e.into()),
     };
     if rollback {
         tx.rollback().await?;
-        println!("{order_id}: rolled back; neither the order nor its expiry exists");
-    } else {
-        tx.commit().await?;
-        println!(
-            "{order_id}: created; its expiry at {} is outbox row {} until the relay publishes it",
-            entry.due_at, entry.id
-        );
+        return Ok(format!("{order_id}: rolled back; nothing scheduled"));
     }
-    Ok(())
+    tx.commit().await?; // the order and its expiry, or neither
+    Ok(format!(
+        "{order_id}: created; expiry at {} is outbox row {}",
+        entry.due_at, entry.id
+    ))
 }

@@ -1,4 +1,4 @@
-//! Every benchmark goal the README states, in one table, with the settings it
+//! Every benchmark goal the book states (docs/src/results), in one table, with the settings it
 //! was stated for, and the pure judging of measured figures against it: which
 //! goals are met, the table `check` prints and whether it exits non-zero.
 //!
@@ -41,23 +41,23 @@ impl Bench {
     /// runs for trying `check` out; the goals are not judged on those).
     pub fn args(self, quick: bool) -> &'static str {
         match (self, quick) {
-            // README, Timeliness: `target/release/order-expiry-bench lateness`,
+            // docs/src/results/timeliness.md: `target/release/order-expiry-bench lateness`,
             // its defaults (200 orders/s for 60 s, delays 1-60 s, 20% paid,
             // beside the naive design).
             (Self::Lateness, false) => "--quiet",
             (Self::Lateness, true) => "--quiet --no-naive --duration 10s --max-delay 10s",
-            // README, Timeliness, Flash sales: the command above its tables.
+            // docs/src/results/flash-sales.md: the command above its tables.
             (Self::Burst, false) => {
                 "--quiet --rate 200 --duration 20s --max-delay 20s --burst 2000 --burst-at 8s --no-naive"
             }
             (Self::Burst, true) => {
                 "--quiet --rate 200 --duration 8s --max-delay 8s --burst 2000 --burst-at 3s --burst-max-delay 5s --no-naive"
             }
-            // README, Performance: `target/release/order-expiry-bench
+            // docs/src/results/performance.md: `target/release/order-expiry-bench
             // throughput`, its defaults (the full run), and its ~1 min line.
             (Self::Throughput, false) => "",
             (Self::Throughput, true) => "--orders 2000 --drain 5000 --pending 20000 --rounds 1",
-            // README, Performance, Outbox relay lag: `order-expiry-bench
+            // docs/src/results/outbox-lag.md: `order-expiry-bench
             // outbox`, its defaults (1,000/s for 60 s, 8 writers, 5 s warm-up).
             (Self::Outbox, false) => "",
             (Self::Outbox, true) => "--duration 10s --warmup 2s",
@@ -145,28 +145,28 @@ const fn goal(bench: Bench, measure: &'static str, limit: Limit, unit: &'static 
     }
 }
 
-/// Every goal the README states for a benchmark, and where.
+/// Every goal the book states for a benchmark, and where.
 #[rustfmt::skip]
 pub const GOALS: &[Goal] = &[
-    // README, Timeliness: the lateness benchmark "exits non-zero if the ladder
+    // docs/src/results/timeliness.md: the lateness benchmark "exits non-zero if the ladder
     // cancelled early or missed one".
     goal(Bench::Lateness, "ladder: cancelled early", Limit::Zero, "orders"),
     goal(Bench::Lateness, "ladder: missed", Limit::Zero, "orders"),
-    // README, Tests: "the timeliness promise ... p99 under 1 s" (also the
-    // lateness alert's threshold, Operating it, What to alert on). The README
+    // docs/src/results/tests.md: "the timeliness promise ... p99 under 1 s" (also the
+    // lateness alert's threshold, docs/src/operating/alerts.md). The book
     // states no tighter steady-stream goal; its 4-5 ms are measurements.
     goal(Bench::Lateness, "ladder: p99 lateness", Limit::Below(1000.0), "ms"),
-    // README, Flash sales: "never early and none missed in every run", both
+    // docs/src/results/flash-sales.md: "never early and none missed in every run", both
     // streams (what `bench/tests/burst.rs` asserts in scripts/test).
     goal(Bench::Burst, "steady stream: cancelled early", Limit::Zero, "orders"),
     goal(Bench::Burst, "steady stream: missed", Limit::Zero, "orders"),
     goal(Bench::Burst, "flash sale: cancelled early", Limit::Zero, "orders"),
     goal(Bench::Burst, "flash sale: missed", Limit::Zero, "orders"),
-    // README, Flash sales: "The goal (p99 ≤ 20 ms, max ≤ 100 ms for the sale)"
+    // docs/src/results/flash-sales.md: "The goal (p99 ≤ 20 ms, max ≤ 100 ms for the sale)"
     // (`bench/tests/burst.rs`, its ignored test).
     goal(Bench::Burst, "flash sale: p99 lateness", Limit::AtMost(20.0), "ms"),
     goal(Bench::Burst, "flash sale: max lateness", Limit::AtMost(100.0), "ms"),
-    // README, Performance: the throughput table's target column (order-expiry
+    // docs/src/results/performance.md: the throughput table's target column (order-expiry
     // over bare lapin, median of the per-round ratios).
     goal(Bench::Throughput, "end to end, quorum: ratio to bare lapin", Limit::AtLeast(0.8), ""),
     goal(Bench::Throughput, "schedule_many, quorum: ratio to bare lapin", Limit::AtLeast(0.8), ""),
@@ -176,7 +176,7 @@ pub const GOALS: &[Goal] = &[
     goal(Bench::Throughput, "consumer peak RSS while draining", Limit::AtMost(64.0), "MB"),
     goal(Bench::Throughput, "publisher RSS growth, quorum", Limit::AtMost(4.0), "MB"),
     goal(Bench::Throughput, "publisher RSS growth, classic", Limit::AtMost(4.0), "MB"),
-    // README, Outbox relay lag: "The target, p99 at most 50 ms at 1,000
+    // docs/src/results/outbox-lag.md: "The target, p99 at most 50 ms at 1,000
     // rows/s", every committed row relayed (its table: "all relayed";
     // `bench/tests/outbox.rs`).
     goal(Bench::Outbox, "rows not relayed", Limit::Zero, "rows"),

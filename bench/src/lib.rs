@@ -13,7 +13,7 @@
 //!   cancelled, broker messages and CPU per order, serve's peak RSS.
 //! - [`cancel`]: what PostgreSQL charges per cancelled order at each batch
 //!   size, the next ceiling once the ladder carries bundles.
-//! - [`goals`]: every goal the README states for them, with the settings it
+//! - [`goals`]: every goal the book states for them (docs/src/results), with the settings it
 //!   was stated for, and the judging of a report against them.
 //! - [`check`]: every benchmark against its goals, one table, a non-zero exit
 //!   when one is missed.

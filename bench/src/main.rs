@@ -3,7 +3,7 @@
 //! `ORDER_EXPIRY__…` variables; `ORDER_EXPIRY__AMQP__URL` picks the broker).
 //!
 //! Each benchmark judges its report by its goals (`order_expiry_bench::goals`,
-//! the README's figures in one table) and exits non-zero, its last line naming
+//! the book's figures in one table) and exits non-zero, its last line naming
 //! the missed goal, when one is missed. `check` runs all of them at the
 //! settings their goals were stated for and prints one table of every goal.
 

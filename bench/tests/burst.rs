@@ -1,5 +1,5 @@
 //! A flash sale through the benchmark's own code against the real broker and
-//! database (README, Timeliness, Flash sales): 2,000 orders placed within a
+//! database (docs/src/results/flash-sales.md): 2,000 orders placed within a
 //! second, on top of a steady stream, with delays of 1-15 s.
 //!
 //! Two bounds:

@@ -1,4 +1,4 @@
-//! The README's timeliness promise, through the benchmark's own code against the
+//! The timeliness promise (docs/src/results/timeliness.md), through the benchmark's own code against the
 //! real broker and database: a few hundred mixed delays are never cancelled
 //! early, none is missed, and p99 lateness stays under a second.
 

@@ -5,11 +5,11 @@
 //!
 //! The bound is one a busy laptop holds, not the goal. This debug build shares
 //! the machine with the rest of the test run (500 committed transactions a
-//! second here; the README's 1,000 a second come from the release build): on
+//! second here; the book's 1,000 a second come from the release build): on
 //! this 2-core machine under a load average of 10-18, p99 was 300-700 ms and
 //! max 400-780 ms, and a 50 ms p99 fails whenever other work runs (seen at load
 //! 2.9: p99 1,170 ms, max 2,016 ms, while PostgreSQL's own commits stood
-//! still too; not explained yet, see the README's Outbox relay lag). A stall
+//! still too; not explained yet, see docs/src/results/outbox-lag.md). A stall
 //! of the relay, rows that wait for the next poll or for a retry, still fails
 //! it; a single row held up once by the database does not. The goal (p99 at most 50 ms at 1,000 rows/s) is the
 //! benchmark's: `order-expiry-bench outbox`, on a quiet machine.

@@ -12,7 +12,7 @@ Nothing here touches the network or Docker.
 - grafana: the dashboard's structure and the broker metrics it queries.
 
 What compares the artifacts with the Rust code lives in Rust tests instead:
-the README's metrics catalog and the dashboard's order_expiry_* queries
+the book's metrics catalog (docs/src/operating/metrics.md) and the dashboard's order_expiry_* queries
 (src/telemetry/catalog.rs), deploy/postgres/init.sql
 (src/service/orders/postgres.rs), the README (tests/integration/docs.rs), and
 the password hashes of the users files, verified by the real broker

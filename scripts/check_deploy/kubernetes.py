@@ -383,7 +383,7 @@ def k8s_cluster_clients():
     pod of the RabbitmqCluster once (`<name>-server-N.<name>-nodes`), as the
     consumer user on the definitions' vhost; topology.replicas in the ConfigMap
     is the cluster's size; every quorum queue of definitions.json has that group
-    size and a balanced leader locator (README, Running on a cluster)."""
+    size and a balanced leader locator (docs/src/operating/cluster.md)."""
     cluster = k8s_one("RabbitmqCluster")
     name, size = cluster["metadata"]["name"], cluster["spec"]["replicas"]
     deployment = k8s_one("Deployment", "order-expiry")

@@ -133,7 +133,7 @@ EOF
 #   docker-compose.yml and the RabbitmqCluster ship: a ladder level whose
 #   dead-letter worker stalled at boot retries after 5 s;
 # - stock: RabbitMQ's defaults (the retry after 180 s), to measure what a
-#   broker without that file does (README, Through broker restarts).
+#   broker without that file does (docs/src/results/broker-restarts.md).
 # scripts/lib/rabbitmq4.sh writes the same into every 4.0 node's config.
 ORDER_EXPIRY_BROKER_SETTINGS=${ORDER_EXPIRY_BROKER_SETTINGS:-deployed}
 _services_repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)

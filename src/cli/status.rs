@@ -1,5 +1,5 @@
 //! `order-expiry status [--json]`: the ladder, due, parked, outbox and overdue
-//! orders in one look (text table or the stable JSON of README, Operating it).
+//! orders in one look (text table or the stable JSON of docs/src/operating/status-and-parked.md).
 //! Exit code 0 healthy, 2 unhealthy (no consumer on the due queue, orders
 //! overdue beyond `--margin`, a queue missing, the database not answering), 1
 //! when the broker cannot be reached.
@@ -14,7 +14,7 @@ use order_expiry::{Settings, Status};
 /// `status` arguments.
 #[derive(Debug, Args)]
 pub(crate) struct StatusArgs {
-    /// Print the JSON form (documented in the README) instead of the table.
+    /// Print the JSON form (documented in docs/src/operating/status-and-parked.md) instead of the table.
     #[arg(long)]
     json: bool,
     /// Unpaid orders more than this past their deadline make the status

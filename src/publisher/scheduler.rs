@@ -13,7 +13,7 @@
 //! queued for a slot never enters the ladder with a delay computed before it
 //! waited. The window is small (50) because what a burst has in flight waits in
 //! the broker before its TTL starts: with 1,000 in flight a flash sale queued
-//! 150-470 ms there, past the 300 ms lead (README, Timeliness).
+//! 150-470 ms there, past the 300 ms lead (docs/src/results/flash-sales.md).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -128,7 +128,7 @@ pub struct TopologySettings {
     /// Members of each quorum queue's replica group (`x-quorum-initial-group-size`):
     /// the queue survives the loss of a minority of them. The broker clamps it to
     /// the nodes there are, so 3 (the default) gives 1 on a single node. Fixed when
-    /// a queue is declared; see README, Running on a cluster, to change it later.
+    /// a queue is declared; see docs/src/operating/cluster.md to change it later.
     pub replicas: u16,
 }
 
@@ -381,7 +381,7 @@ mod tests {
         assert!(s.sweeper.enabled);
         assert!(s.outbox.enabled, "serve relays the outbox by default");
         // The ladder gets its 300 ms lead and a few ms of work first; the
-        // sweeper bounds a stalled level at grace + interval (README, Reliability).
+        // sweeper bounds a stalled level at grace + interval (docs/src/results/sweeper.md).
         assert!(s.sweeper.grace >= Duration::from_secs(1));
         assert!(s.sweeper.grace + s.sweeper.interval <= Duration::from_secs(5));
         assert_eq!(s.overdue.margin, Duration::from_secs(10));

@@ -1,6 +1,6 @@
 //! Every metric order-expiry exports, in one table: name, type, labels and the
 //! meaning `/metrics` serves as `# HELP`. The code records metrics only through
-//! these constants, and tests hold the README's catalog and the Grafana
+//! these constants, and tests hold the book's catalog (`docs/src/operating/metrics.md`) and the Grafana
 //! dashboard to the same table.
 
 // The publisher records `order_expiry_schedule_total` only; the rest belong to
@@ -156,7 +156,7 @@ pub(crate) const OUTBOX_REJECTED_TOTAL: Metric = metric(
     "Outbox rows that can never be published (invalid order id, due time beyond the ladder), moved to order_expiry_outbox_rejected.",
 );
 
-/// The whole catalog, in the README's order.
+/// The whole catalog, in the order of the book's Metrics page.
 pub(crate) const CATALOG: &[Metric] = &[
     MESSAGES_TOTAL,
     LATENESS_SECONDS,
@@ -196,14 +196,9 @@ mod tests {
         CATALOG.iter().map(|m| (m.name, *m)).collect()
     }
 
-    /// The rows `| `name` | type | labels | meaning |` of the README's Operations section.
-    fn readme_catalog() -> Vec<(String, String, BTreeSet<String>, String)> {
-        let readme = repo_file("README.md");
-        let operations = readme
-            .split("\n## ")
-            .find(|s| s.starts_with("Operations\n"))
-            .expect("README has an ## Operations section");
-        operations
+    /// The rows `| `name` | type | labels | meaning |` of the book's Metrics page.
+    fn book_catalog() -> Vec<(String, String, BTreeSet<String>, String)> {
+        repo_file("docs/src/operating/metrics.md")
             .lines()
             .filter_map(|line| {
                 let cells: Vec<&str> = line.split('|').map(str::trim).collect();
@@ -220,19 +215,22 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_catalog_is_this_catalog() {
-        let rows = readme_catalog();
+    fn the_book_catalog_is_this_catalog() {
+        let rows = book_catalog();
         let documented: BTreeSet<&str> = rows.iter().map(|r| r.0.as_str()).collect();
         let exported: BTreeSet<&str> = CATALOG.iter().map(|m| m.name).collect();
-        assert_eq!(documented, exported, "README metrics catalog vs the code");
+        assert_eq!(
+            documented, exported,
+            "the book's metrics catalog vs the code"
+        );
         let catalog = by_name();
         for (name, kind, labels, meaning) in &rows {
             let metric = catalog[name.as_str()];
-            assert_eq!(kind, metric.kind.as_str(), "README type of {name}");
+            assert_eq!(kind, metric.kind.as_str(), "the book's type of {name}");
             let expected: BTreeSet<String> =
                 metric.labels.iter().map(|l| (*l).to_owned()).collect();
-            assert_eq!(labels, &expected, "README labels of {name}");
-            assert!(!meaning.is_empty(), "README gives {name} no meaning");
+            assert_eq!(labels, &expected, "the book's labels of {name}");
+            assert!(!meaning.is_empty(), "the book gives {name} no meaning");
         }
     }
 

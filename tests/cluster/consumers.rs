@@ -22,7 +22,7 @@ const DRAIN_ORDERS: i64 = 20_000;
 /// message per order (bundles off): the due queue then holds more messages
 /// than one consumer's prefetch, and the consumers that subscribe later get
 /// their share. A due queue of 200 bundles would go whole to whichever
-/// consumer subscribed first (README, Competing consumers).
+/// consumer subscribed first (docs/src/results/cluster.md, Competing consumers).
 async fn place(world: &ClusterWorld, prefix: &str, n: i64, due_at: DateTime<Utc>) -> Vec<String> {
     let ids: Vec<String> = (1..=n).map(|i| format!("{prefix}-{i}")).collect();
     let due_at = message(&ids[0], due_at).due_at;

@@ -22,8 +22,8 @@ use tokio_util::sync::CancellationToken;
 use crate::support::{ClusterWorld, NodesBack, kill, order_service, settle, start, stop};
 
 /// With a majority left the cluster never stops serving: every order is
-/// cancelled within this of its due time, the project's restart bound (README,
-/// Through broker restarts; measured on this cluster: well under a second).
+/// cancelled within this of its due time, the project's restart bound
+/// (docs/src/results/broker-restarts.md; measured on this cluster: well under a second).
 const BOUND: Duration = Duration::from_secs(10);
 
 /// With the majority lost, nothing moves until a second node is back; then

@@ -5,7 +5,7 @@
 //! the broker is away and 200 again after; every order `schedule()` confirmed
 //! is handled, and **every one is cancelled within the broker's dead-letter
 //! retry plus [`AFTER_RETRY`] of the later of its due time and the broker's
-//! return** (README, Through broker restarts), by the SQL action and by the
+//! return** (docs/src/results/broker-restarts.md), by the SQL action and by the
 //! HTTP action (an order service that cancels in its own table).
 //!
 //! The sweeper is off: every cancel is one the ladder delivered and the

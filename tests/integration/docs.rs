@@ -1,60 +1,151 @@
-//! The README against the code and the repository: it stands on its own (no
-//! reference to a design document outside the repository), documents every
-//! setting and the operations people need, and its links lead somewhere. The
-//! metrics catalog is checked next to the metrics themselves
-//! (`src/telemetry/catalog.rs`).
+//! The book (`docs/src`, an mdBook) and the README against the code and the
+//! repository: the book documents every setting with its real default and the
+//! operations people need, lists every chapter in `SUMMARY.md`, and every
+//! relative link and `#anchor` of the book and the READMEs leads somewhere. The
+//! README's own checks are in `readme.rs`; the metrics catalog is checked next
+//! to the metrics themselves (`src/telemetry/catalog.rs`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use order_expiry::{CONSUMER_USER, PUBLISHER_USER};
 
-fn repo_file(path: &str) -> String {
-    let full = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub(crate) fn repo_file(path: &str) -> String {
+    let full = root().join(path);
     std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
 }
 
-fn readme_section(title: &str) -> String {
-    let readme = repo_file("README.md");
-    readme
-        .split("\n## ")
-        .find(|s| s.starts_with(&format!("{title}\n")))
-        .unwrap_or_else(|| panic!("README.md has no '## {title}' section"))
-        .to_owned()
+/// Every `.md` file under `docs/src`, as paths relative to the repository.
+pub(crate) fn book_pages() -> Vec<String> {
+    fn walk(dir: &Path, pages: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let path = entry.expect("directory entry").path();
+            if path.is_dir() {
+                walk(&path, pages);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                pages.push(path);
+            }
+        }
+    }
+    let mut pages = Vec::new();
+    walk(&root().join("docs/src"), &mut pages);
+    let mut pages: Vec<String> = pages
+        .iter()
+        .map(|p| {
+            p.strip_prefix(root())
+                .expect("under the root")
+                .display()
+                .to_string()
+        })
+        .collect();
+    pages.sort();
+    pages
 }
 
-/// `ORDER_EXPIRY__SECTION__KEY` of every key set in `config/default.toml`.
-fn default_setting_variables() -> Vec<String> {
+/// The text of `markdown` outside fenced code blocks, line by line.
+fn prose(markdown: &str) -> Vec<&str> {
+    let mut fenced = false;
+    markdown
+        .lines()
+        .filter(|line| {
+            if line.trim_start().starts_with("```") {
+                fenced = !fenced;
+                return false;
+            }
+            !fenced
+        })
+        .collect()
+}
+
+/// The targets of `[text](target)` links and images outside code blocks.
+fn links(markdown: &str) -> Vec<String> {
+    prose(markdown)
+        .iter()
+        .flat_map(|line| line.split("](").skip(1))
+        .filter_map(|rest| rest.split(')').next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// mdBook's heading id: lowercase, whitespace to '-', alphanumerics, '-' and
+/// '_' kept, every other character dropped (GitHub's rule for these headings).
+fn anchor(heading: &str) -> String {
+    heading
+        .chars()
+        .filter_map(|c| {
+            if c.is_alphanumeric() || c == '-' || c == '_' {
+                Some(c.to_ascii_lowercase())
+            } else if c.is_whitespace() {
+                Some('-')
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// The anchors of every heading of `markdown`.
+fn anchors(markdown: &str) -> Vec<String> {
+    prose(markdown)
+        .iter()
+        .filter(|line| line.starts_with('#'))
+        .map(|line| anchor(line.trim_start_matches('#').trim()))
+        .collect()
+}
+
+/// `ORDER_EXPIRY__SECTION__KEY` of every key set in `config/default.toml`, with
+/// its value (unquoted; `None` for a multi-line string).
+fn default_settings() -> Vec<(String, Option<String>)> {
     let mut section = String::new();
-    let mut variables = Vec::new();
+    let mut settings = Vec::new();
+    let mut in_multiline = false;
     for line in repo_file("config/default.toml").lines() {
         let line = line.trim();
+        if in_multiline {
+            in_multiline = line.matches("\"\"\"").count() % 2 == 0;
+            continue;
+        }
         if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
             // `[action.http]` is `ORDER_EXPIRY__ACTION__HTTP__…`.
             section = name.to_uppercase().replace('.', "__");
-        } else if let Some((key, _)) = line.split_once(" = ")
+        } else if let Some((key, value)) = line.split_once(" = ")
             && !line.starts_with('#')
         {
-            variables.push(format!("ORDER_EXPIRY__{section}__{}", key.to_uppercase()));
+            let variable = format!("ORDER_EXPIRY__{section}__{}", key.to_uppercase());
+            in_multiline = value.matches("\"\"\"").count() % 2 == 1;
+            let value = value.trim_matches('"');
+            settings.push((variable, (!in_multiline).then(|| value.to_owned())));
         }
     }
-    variables
+    settings
 }
 
 #[test]
-fn every_setting_is_documented() {
-    let configuration = readme_section("The public contract");
-    let variables = default_setting_variables();
-    assert!(variables.len() > 30, "{variables:?}");
-    let missing: Vec<&String> = variables
+fn every_setting_is_in_the_configuration_reference() {
+    let configuration = repo_file("docs/src/contract/configuration.md");
+    let settings = default_settings();
+    assert!(settings.len() > 30, "{settings:?}");
+    let missing: Vec<&String> = settings
         .iter()
+        .map(|(variable, _)| variable)
         .filter(|v| !configuration.contains(&format!("`{v}`")))
         .collect();
-    assert!(missing.is_empty(), "README does not document {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "docs/src/contract/configuration.md does not document {missing:?}"
+    );
 }
 
 #[test]
-fn operations_cover_what_ops_need() {
-    let operations = readme_section("Operations");
+fn the_operating_pages_cover_what_ops_need() {
+    let operating: String = book_pages()
+        .iter()
+        .filter(|p| p.starts_with("docs/src/operating/"))
+        .map(|p| repo_file(p))
+        .collect();
     for (needle, what) in [
         ("rabbitmqctl import_definitions", "importing definitions"),
         ("rabbitmqctl change_password", "setting passwords"),
@@ -67,60 +158,133 @@ fn operations_cover_what_ops_need() {
         ),
         ("amqps://", "TLS"),
         ("ORDER_EXPIRY__AMQP__TLS_CA_FILE", "the TLS CA setting"),
+        ("--log-format json", "JSON logs"),
+        ("order-expiry status", "the status command"),
+        ("parked replay", "replaying parked messages"),
+        ("ladder migrate --from-prefix", "moving to another ladder"),
         ("deploy/grafana/order-expiry.json", "the dashboard"),
         ("/readyz", "readiness"),
         ("order_expiry_lateness_seconds", "the lateness alert"),
         ("rabbitmq_queue_messages_ready", "the due-queue depth alert"),
         ("order_expiry_retries_total", "the retries alert"),
+        ("ORDER_EXPIRY__TOPOLOGY__REPLICAS", "the cluster's replicas"),
     ] {
         assert!(
-            operations.contains(needle),
-            "README Operations does not cover {what} ({needle:?})"
+            operating.contains(needle),
+            "docs/src/operating does not cover {what} ({needle:?})"
         );
     }
-    assert!(
-        repo_file("README.md").contains("(#operations)"),
-        "README should link to #operations"
-    );
 }
 
+/// A row `| `ORDER_EXPIRY__…` | `default` | … |` of the README or the
+/// configuration page gives the default `config/default.toml` sets.
 #[test]
-fn the_readme_stands_on_its_own() {
-    let readme = repo_file("README.md");
-    assert!(
-        !readme.contains("DESIGN.md"),
-        "README cites DESIGN.md, which is not in the repository"
-    );
-    assert!(
-        readme.contains("docs/architecture.md"),
-        "README should point to docs/architecture.md"
-    );
-}
-
-/// Relative links of the README and docs/ lead to files that exist.
-#[test]
-fn relative_links_resolve() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut broken = Vec::new();
-    for (file, dir) in [
-        ("README.md", ""),
-        ("docs/architecture.md", "docs"),
-        ("deploy/README.md", "deploy"),
-    ] {
-        let text = repo_file(file);
-        for target in text
-            .split("](")
-            .skip(1)
-            .filter_map(|rest| rest.split(')').next())
-        {
-            let path = target.split('#').next().unwrap_or("");
-            if path.is_empty() || path.contains("://") || path.starts_with("mailto:") {
+fn the_documented_defaults_are_the_defaults() {
+    let settings = default_settings();
+    let mut wrong = Vec::new();
+    for file in ["README.md", "docs/src/contract/configuration.md"] {
+        for line in repo_file(file).lines() {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let (Some(variable), Some(default)) = (cells.get(1), cells.get(2)) else {
+                continue;
+            };
+            let single = |cell: &str| {
+                let inner = cell.strip_prefix('`')?.strip_suffix('`')?;
+                (!inner.contains('`')).then(|| inner.to_owned())
+            };
+            let (Some(variable), Some(default)) = (single(variable), single(default)) else {
+                continue;
+            };
+            if !variable.starts_with("ORDER_EXPIRY__") {
                 continue;
             }
-            if !root.join(dir).join(path).exists() {
-                broken.push(format!("{file}: {target}"));
+            match settings.iter().find(|(v, _)| *v == variable) {
+                None => wrong.push(format!("{file}: {variable} is not a setting")),
+                Some((_, Some(value))) if *value != default => wrong.push(format!(
+                    "{file}: {variable} says `{default}`, the default is `{value}`"
+                )),
+                Some(_) => {}
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+#[test]
+fn nothing_cites_design_md() {
+    for file in std::iter::once("README.md".to_owned()).chain(book_pages()) {
+        assert!(
+            !repo_file(&file).contains("DESIGN.md"),
+            "{file} cites DESIGN.md, which is not in the repository"
+        );
+    }
+}
+
+/// mdBook renders only the chapters `SUMMARY.md` lists.
+#[test]
+fn every_chapter_is_in_the_summary() {
+    let summary = repo_file("docs/src/SUMMARY.md");
+    let listed: Vec<String> = links(&summary)
+        .iter()
+        .map(|l| format!("docs/src/{l}"))
+        .collect();
+    let missing: Vec<String> = book_pages()
+        .into_iter()
+        .filter(|p| p != "docs/src/SUMMARY.md" && !listed.contains(p))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "not in docs/src/SUMMARY.md: {missing:#?}"
+    );
+}
+
+/// Relative links of the README, deploy/README.md and the book lead to files
+/// that exist, and each `#anchor` to a heading of its page.
+#[test]
+fn relative_links_and_anchors_resolve() {
+    let mut files = vec!["README.md".to_owned(), "deploy/README.md".to_owned()];
+    files.extend(book_pages());
+    let mut broken = Vec::new();
+    for file in &files {
+        let text = repo_file(file);
+        let dir = Path::new(file).parent().unwrap_or(Path::new(""));
+        for target in links(&text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            let (path, fragment) = target.split_once('#').unwrap_or((&target, ""));
+            let page = if path.is_empty() {
+                root().join(file)
+            } else {
+                root().join(dir).join(path)
+            };
+            if !page.exists() {
+                broken.push(format!("{file}: {target}: no such file"));
+                continue;
+            }
+            if fragment.is_empty() {
+                continue;
+            }
+            let headings = std::fs::read_to_string(&page)
+                .map(|t| anchors(&t))
+                .unwrap_or_default();
+            if !headings.iter().any(|h| h == fragment) {
+                broken.push(format!("{file}: {target}: no heading #{fragment}"));
             }
         }
     }
     assert!(broken.is_empty(), "{broken:#?}");
+}
+
+#[test]
+fn anchors_follow_mdbooks_rule() {
+    assert_eq!(
+        anchor("Message (version 2, a bundle)"),
+        "message-version-2-a-bundle"
+    );
+    assert_eq!(
+        anchor("Changing the ladder: `ladder migrate`"),
+        "changing-the-ladder-ladder-migrate"
+    );
+    assert_eq!(anchor("The INSERT race"), "the-insert-race");
 }

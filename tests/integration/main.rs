@@ -25,6 +25,7 @@ mod outbox_clients;
 mod payments;
 mod poison;
 mod poison_corpus;
+mod readme;
 mod redelivery;
 mod scheduling;
 mod secrets;

@@ -247,17 +247,17 @@ impl<A: Action> Consumer<A> {
 mod tests {
     use super::*;
 
-    /// `/metrics` describes, and the README's catalog lists, every outcome.
+    /// `/metrics` describes, and the book's metrics catalog lists, every outcome.
     #[test]
     fn every_outcome_is_described_and_documented() {
         let help = crate::telemetry::MESSAGES_TOTAL.help;
-        let readme = include_str!("../../../README.md");
+        let catalog = include_str!("../../../docs/src/operating/metrics.md");
         for outcome in Outcome::ALL {
             let label = outcome.label();
             assert!(help.contains(label), "# HELP misses {label}");
             assert!(
-                readme.contains(&format!("`{label}`")),
-                "README misses `{label}`"
+                catalog.contains(&format!("`{label}`")),
+                "docs/src/operating/metrics.md misses `{label}`"
             );
         }
     }
