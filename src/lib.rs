@@ -78,11 +78,11 @@ pub use crate::publisher::{
 pub use crate::publisher::{OUTBOX_INSERT_SQL, OutboxEntry, OutboxError};
 #[cfg(feature = "service")]
 pub use crate::service::{
-    Action, ActionError, Arrival, BuildError, BundlePart, CheckAnswer, ConfiguredAction, Consumer,
-    ConsumerError, Disposition, EventAction, Expiring, FailureClass, Handled, HttpAction,
-    OrderStore, OutboxState, Outcome, PaymentCheck, PgOrderStore, Readiness, Relay, RelayError,
-    Relayed, Round, Service, ServiceError, StoreError, Sweeper, Verdict, classify, on_arrival,
-    shutdown_on_signal,
+    Action, ActionAnswer, ActionError, Arrival, BuildError, BundlePart, CheckAnswer,
+    ConfiguredAction, Consumer, ConsumerError, Disposition, EventAction, Expiring, FailureClass,
+    Handled, HttpAction, OrderStore, OutboxState, Outcome, PaymentCheck, PgOrderStore, Readiness,
+    Relay, RelayError, Relayed, Round, Service, ServiceError, StoreError, Sweeper, classify,
+    on_arrival, shutdown_on_signal,
 };
 pub use crate::settings::{
     ActionKind, ActionSettings, AmqpActionSettings, AmqpSettings, CheckSettings, ConsumerSettings,

@@ -23,14 +23,14 @@ pub(crate) enum LinkError {
 }
 
 /// One connection and its confirm-mode channel.
-struct Link {
+struct ConfirmChannel {
     connection: Connection,
     channel: Channel,
     /// Tells links apart: channel ids repeat across connections.
     id: u64,
 }
 
-/// Source of [`Link::id`]s.
+/// Source of [`ConfirmChannel::id`]s.
 static LINKS: AtomicU64 = AtomicU64::new(0);
 
 /// A confirm-mode channel on a connection of its own, opened on first use.
@@ -39,7 +39,7 @@ pub(crate) struct ConfirmLink {
     tls: TlsFiles,
     name: &'static str,
     pub(crate) timeout: Duration,
-    link: Mutex<Option<Link>>,
+    link: Mutex<Option<ConfirmChannel>>,
 }
 
 impl ConfirmLink {
@@ -98,7 +98,7 @@ impl ConfirmLink {
             }
         };
         let id = LINKS.fetch_add(1, Ordering::Relaxed);
-        *link = Some(Link {
+        *link = Some(ConfirmChannel {
             connection,
             channel: channel.clone(),
             id,

@@ -4,7 +4,7 @@
 //! - [`serve`]: the consumer service until SIGTERM.
 //! - [`schedule`]: one order, or many from stdin.
 //! - [`topology`]: `topology apply` and `topology export`.
-//! - [`migrate`]: the default orders table.
+//! - [`schema`]: `migrate`: the SQL schema (the default orders table, the outbox).
 //! - [`demo`]: the end-to-end demo.
 //! - [`ladder`]: `ladder migrate`: an old ladder's messages into the current one.
 //! - [`parked`]: list, replay and purge the parked queue.
@@ -12,9 +12,9 @@
 
 mod demo;
 mod ladder;
-mod migrate;
 mod parked;
 mod schedule;
+mod schema;
 mod serve;
 mod status;
 mod topology;
@@ -97,7 +97,7 @@ pub(crate) async fn run(command: Command, settings: Settings) -> anyhow::Result<
         Command::Serve => serve::run(&settings).await,
         Command::Schedule(args) => schedule::run(args, &settings).await,
         Command::Topology(command) => topology::run(command, &settings).await,
-        Command::Migrate => migrate::run(&settings).await,
+        Command::Migrate => schema::run(&settings).await,
         Command::Demo(args) => demo::run(&args, &settings).await,
         Command::Status(args) => return status::run(&args, &settings).await,
         Command::Parked(command) => parked::run(command, &settings).await,

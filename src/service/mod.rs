@@ -32,8 +32,8 @@ mod shutdown;
 mod sweeper;
 
 pub use self::action::{
-    Action, ActionError, BuildError, CheckAnswer, ConfiguredAction, EventAction, Expiring,
-    HttpAction, PaymentCheck, Verdict,
+    Action, ActionAnswer, ActionError, BuildError, CheckAnswer, ConfiguredAction, EventAction,
+    Expiring, HttpAction, PaymentCheck,
 };
 pub use self::app::{Service, ServiceError};
 pub use self::consumer::{

@@ -20,7 +20,7 @@ use lapin::options::BasicPublishOptions;
 use lapin::{BasicProperties, Confirmation};
 use serde_json::json;
 
-use super::{Action, ActionError, Expiring, Verdict, idempotency_key};
+use super::{Action, ActionAnswer, ActionError, Expiring, idempotency_key};
 use crate::amqp::{self, BrokerError, ConfirmLink, TlsFiles};
 use crate::settings::Settings;
 
@@ -82,7 +82,7 @@ fn event(due: Expiring<'_>) -> (Vec<u8>, BasicProperties) {
 }
 
 impl Action for EventAction {
-    async fn expire(&self, due: &[Expiring<'_>]) -> Result<Vec<Verdict>, ActionError> {
+    async fn expire(&self, due: &[Expiring<'_>]) -> Result<Vec<ActionAnswer>, ActionError> {
         let (channel, link_id) = self
             .link
             .channel()
@@ -126,19 +126,19 @@ impl Action for EventAction {
 }
 
 impl EventAction {
-    fn verdict(&self, answer: Result<Confirmation, BrokerError>) -> Verdict {
+    fn verdict(&self, answer: Result<Confirmation, BrokerError>) -> ActionAnswer {
         let exchange = &self.exchange;
         match answer {
-            Ok(Confirmation::Ack(None)) => Verdict::Cancelled,
-            Ok(Confirmation::Ack(Some(returned))) => Verdict::Retry(format!(
+            Ok(Confirmation::Ack(None)) => ActionAnswer::Cancelled,
+            Ok(Confirmation::Ack(Some(returned))) => ActionAnswer::Retry(format!(
                 "order.expired event unroutable: exchange {exchange:?} routed it to no queue \
                  with key {:?} ({} {}); bind a queue to it",
                 self.routing_key, returned.reply_code, returned.reply_text
             )),
-            Ok(_) => Verdict::Retry(format!(
+            Ok(_) => ActionAnswer::Retry(format!(
                 "order.expired event nacked by the broker (exchange {exchange:?})"
             )),
-            Err(error) => Verdict::Retry(format!("order.expired event: {error}")),
+            Err(error) => ActionAnswer::Retry(format!("order.expired event: {error}")),
         }
     }
 }

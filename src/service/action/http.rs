@@ -18,7 +18,7 @@ use futures::future::join_all;
 use serde_json::json;
 
 use super::client::{Answer, Client, excerpt, segment};
-use super::{Action, ActionError, BuildError, Expiring, Verdict};
+use super::{Action, ActionAnswer, ActionError, BuildError, Expiring};
 use crate::publisher::ExpiryMessage;
 use crate::settings::{HttpActionSettings, bearer};
 
@@ -77,7 +77,7 @@ impl HttpAction {
 }
 
 impl Action for HttpAction {
-    async fn expire(&self, due: &[Expiring<'_>]) -> Result<Vec<Verdict>, ActionError> {
+    async fn expire(&self, due: &[Expiring<'_>]) -> Result<Vec<ActionAnswer>, ActionError> {
         let answers = join_all(due.iter().map(|d| self.expire_one(*d))).await;
         if let Some(Answer::Unreachable(reason)) = answers.first()
             && answers.iter().all(|a| matches!(a, Answer::Unreachable(_)))
@@ -92,23 +92,23 @@ impl Action for HttpAction {
 }
 
 /// What one answer of the expire endpoint means. Pure.
-fn verdict(answer: Answer) -> Verdict {
+fn verdict(answer: Answer) -> ActionAnswer {
     match answer {
         Answer::Response { status, body } => match status {
-            200..=299 => Verdict::Cancelled,
-            409 => Verdict::NotUnpaid,
-            404 => Verdict::Unknown,
-            429 | 500..=599 => Verdict::Retry(format!(
+            200..=299 => ActionAnswer::Cancelled,
+            409 => ActionAnswer::NotUnpaid,
+            404 => ActionAnswer::Unknown,
+            429 | 500..=599 => ActionAnswer::Retry(format!(
                 "expire endpoint answered {status}: {}",
                 excerpt(&body, 200)
             )),
-            _ => Verdict::Park(format!(
+            _ => ActionAnswer::Park(format!(
                 "expire endpoint answered {status}: {}",
                 excerpt(&body, 200)
             )),
         },
         Answer::Unreachable(reason) | Answer::Failed(reason) => {
-            Verdict::Retry(format!("expire endpoint: {reason}"))
+            ActionAnswer::Retry(format!("expire endpoint: {reason}"))
         }
     }
 }
@@ -129,29 +129,29 @@ mod tests {
 
     #[test]
     fn every_response_class_has_its_verdict() {
-        assert_eq!(verdict(response(200, "")), Verdict::Cancelled);
-        assert_eq!(verdict(response(204, "")), Verdict::Cancelled);
-        assert_eq!(verdict(response(409, "paid")), Verdict::NotUnpaid);
-        assert_eq!(verdict(response(404, "")), Verdict::Unknown);
+        assert_eq!(verdict(response(200, "")), ActionAnswer::Cancelled);
+        assert_eq!(verdict(response(204, "")), ActionAnswer::Cancelled);
+        assert_eq!(verdict(response(409, "paid")), ActionAnswer::NotUnpaid);
+        assert_eq!(verdict(response(404, "")), ActionAnswer::Unknown);
         for status in [429, 500, 502, 503, 599] {
             assert!(
-                matches!(verdict(response(status, "x")), Verdict::Retry(r) if r.contains(&status.to_string()))
+                matches!(verdict(response(status, "x")), ActionAnswer::Retry(r) if r.contains(&status.to_string()))
             );
         }
         for status in [301, 400, 401, 403, 410, 422] {
             assert_eq!(
                 verdict(response(status, "bad\nthing")),
-                Verdict::Park(format!("expire endpoint answered {status}: bad thing"))
+                ActionAnswer::Park(format!("expire endpoint answered {status}: bad thing"))
             );
         }
         let long = "x".repeat(500);
-        let Verdict::Park(reason) = verdict(response(400, &long)) else {
+        let ActionAnswer::Park(reason) = verdict(response(400, &long)) else {
             panic!("parked")
         };
         assert!(reason.len() < 260, "{reason}");
         assert!(matches!(
             verdict(Answer::Failed("timed out".into())),
-            Verdict::Retry(r) if r.contains("timed out")
+            ActionAnswer::Retry(r) if r.contains("timed out")
         ));
     }
 

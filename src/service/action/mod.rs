@@ -39,7 +39,7 @@ pub struct Expiring<'a> {
 
 /// What an action did with one due message.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum ActionAnswer {
     /// It was unpaid and is now cancelled (or its `order.expired` event confirmed).
     Cancelled,
     /// It was paid or already cancelled: nothing changed.
@@ -94,12 +94,12 @@ impl ActionError {
 
 /// Expires due orders. Every [`OrderStore`](crate::OrderStore) is one (the SQL action).
 pub trait Action: Send + Sync + 'static {
-    /// Expires the order of every message, returning one [`Verdict`] per
+    /// Expires the order of every message, returning one [`ActionAnswer`] per
     /// message, in input order; or fails for the whole batch.
     fn expire(
         &self,
         due: &[Expiring<'_>],
-    ) -> impl Future<Output = Result<Vec<Verdict>, ActionError>> + Send;
+    ) -> impl Future<Output = Result<Vec<ActionAnswer>, ActionError>> + Send;
 }
 
 /// The action `action.kind` selects.
@@ -155,7 +155,7 @@ impl ConfiguredAction {
 }
 
 impl Action for ConfiguredAction {
-    async fn expire(&self, due: &[Expiring<'_>]) -> Result<Vec<Verdict>, ActionError> {
+    async fn expire(&self, due: &[Expiring<'_>]) -> Result<Vec<ActionAnswer>, ActionError> {
         match self {
             Self::Sql(store) => store.as_ref().expire(due).await,
             Self::Http(http) => http.expire(due).await,

@@ -1,24 +1,24 @@
 //! The SQL action: every [`OrderStore`] expires orders with its atomic cancel
 //! statement. A row locked by a payment is retried alone; the rest settles.
 
-use super::{Action, ActionError, Expiring, Verdict};
+use super::{Action, ActionAnswer, ActionError, Expiring};
 use crate::publisher::ExpiryMessage;
 use crate::service::orders::{Disposition, OrderStore};
 
 impl<S: OrderStore> Action for S {
-    async fn expire(&self, due: &[Expiring<'_>]) -> Result<Vec<Verdict>, ActionError> {
+    async fn expire(&self, due: &[Expiring<'_>]) -> Result<Vec<ActionAnswer>, ActionError> {
         let messages: Vec<&ExpiryMessage> = due.iter().map(|e| e.message).collect();
         let dispositions = self.cancel_unpaid(&messages).await?;
         Ok(dispositions.into_iter().map(verdict).collect())
     }
 }
 
-fn verdict(disposition: Disposition) -> Verdict {
+fn verdict(disposition: Disposition) -> ActionAnswer {
     match disposition {
-        Disposition::Cancelled => Verdict::Cancelled,
-        Disposition::NotUnpaid => Verdict::NotUnpaid,
-        Disposition::Unknown => Verdict::Unknown,
-        Disposition::Extended => Verdict::Extended,
-        Disposition::Busy => Verdict::Retry("order locked by another transaction".into()),
+        Disposition::Cancelled => ActionAnswer::Cancelled,
+        Disposition::NotUnpaid => ActionAnswer::NotUnpaid,
+        Disposition::Unknown => ActionAnswer::Unknown,
+        Disposition::Extended => ActionAnswer::Extended,
+        Disposition::Busy => ActionAnswer::Retry("order locked by another transaction".into()),
     }
 }

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 
 use super::Outcome;
 use crate::publisher::ExpiryMessage;
-use crate::service::action::{CheckAnswer, Checked, Verdict};
+use crate::service::action::{ActionAnswer, CheckAnswer, Checked};
 use crate::settings::{CheckSettings, FinalOutcome};
 
 /// What happens to one due message next.
@@ -76,16 +76,16 @@ pub(super) fn after_check(
 /// `n`), through the ladder, until there is no recheck left: then it is
 /// acked as unknown.
 pub(super) fn after_action(
-    verdict: Verdict,
+    verdict: ActionAnswer,
     message: &ExpiryMessage,
     rechecks: &[Duration],
     now: DateTime<Utc>,
 ) -> Next {
     match verdict {
-        Verdict::Cancelled => Next::Ack(Outcome::Cancelled),
-        Verdict::NotUnpaid => Next::Ack(Outcome::NotUnpaid),
-        Verdict::Extended => Next::Ack(Outcome::Extended),
-        Verdict::Unknown => match rechecks.get(message.unknown_rechecks as usize) {
+        ActionAnswer::Cancelled => Next::Ack(Outcome::Cancelled),
+        ActionAnswer::NotUnpaid => Next::Ack(Outcome::NotUnpaid),
+        ActionAnswer::Extended => Next::Ack(Outcome::Extended),
+        ActionAnswer::Unknown => match rechecks.get(message.unknown_rechecks as usize) {
             Some(after) => {
                 let mut next = message.again_at(now + *after);
                 next.unknown_rechecks = message.unknown_rechecks.saturating_add(1);
@@ -93,8 +93,8 @@ pub(super) fn after_action(
             }
             None => Next::Ack(Outcome::Unknown),
         },
-        Verdict::Retry(reason) => Next::Retry(reason),
-        Verdict::Park(reason) => Next::Park(reason),
+        ActionAnswer::Retry(reason) => Next::Retry(reason),
+        ActionAnswer::Park(reason) => Next::Park(reason),
     }
 }
 
@@ -197,7 +197,7 @@ mod tests {
         let rechecks = [Duration::from_secs(1), Duration::from_secs(4)];
         let now = at(10);
         let Next::Requeue(first, Outcome::UnknownRequeued) =
-            after_action(Verdict::Unknown, &message(0, 0), &rechecks, now)
+            after_action(ActionAnswer::Unknown, &message(0, 0), &rechecks, now)
         else {
             panic!("requeued")
         };
@@ -205,7 +205,8 @@ mod tests {
             (first.unknown_rechecks, first.not_before),
             (1, Some(at(11)))
         );
-        let Next::Requeue(second, _) = after_action(Verdict::Unknown, &first, &rechecks, at(11))
+        let Next::Requeue(second, _) =
+            after_action(ActionAnswer::Unknown, &first, &rechecks, at(11))
         else {
             panic!("requeued")
         };
@@ -214,11 +215,11 @@ mod tests {
             (2, Some(at(15)))
         );
         assert_eq!(
-            after_action(Verdict::Unknown, &second, &rechecks, at(15)),
+            after_action(ActionAnswer::Unknown, &second, &rechecks, at(15)),
             Next::Ack(Outcome::Unknown)
         );
         assert_eq!(
-            after_action(Verdict::Unknown, &message(0, 0), &[], now),
+            after_action(ActionAnswer::Unknown, &message(0, 0), &[], now),
             Next::Ack(Outcome::Unknown)
         );
     }
@@ -228,11 +229,11 @@ mod tests {
         let m = message(0, 0);
         let now = at(0);
         for (verdict, next) in [
-            (Verdict::Cancelled, Next::Ack(Outcome::Cancelled)),
-            (Verdict::NotUnpaid, Next::Ack(Outcome::NotUnpaid)),
-            (Verdict::Extended, Next::Ack(Outcome::Extended)),
-            (Verdict::Retry("r".into()), Next::Retry("r".into())),
-            (Verdict::Park("p".into()), Next::Park("p".into())),
+            (ActionAnswer::Cancelled, Next::Ack(Outcome::Cancelled)),
+            (ActionAnswer::NotUnpaid, Next::Ack(Outcome::NotUnpaid)),
+            (ActionAnswer::Extended, Next::Ack(Outcome::Extended)),
+            (ActionAnswer::Retry("r".into()), Next::Retry("r".into())),
+            (ActionAnswer::Park("p".into()), Next::Park("p".into())),
         ] {
             assert_eq!(after_action(verdict, &m, &[], now), next);
         }

@@ -16,11 +16,11 @@
 //! come back full.
 //!
 //! - [`schema`]: the tables and trigger `migrate` creates.
-//! - [`link`]: the relay's own listening connection and its statements.
+//! - [`connection`]: the relay's own listening connection and its statements.
 //! - [`round`]: what a publish result means for its row (pure).
 //! - [`report`]: what a committed round reports: metrics, logs, the observer.
 
-mod link;
+mod connection;
 mod report;
 mod round;
 mod schema;
@@ -34,10 +34,10 @@ use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use self::link::Link;
+use self::connection::RelayConnection;
 pub use self::report::Relayed;
 use self::report::report;
-use self::round::{Verdict, verdict};
+use self::round::{RowFate, fate};
 pub(crate) use self::schema::OUTBOX_SCHEMA_SQL;
 use super::backoff::Backoff;
 use super::http::{OutboxState, Readiness};
@@ -119,7 +119,7 @@ pub struct Relay {
     scheduler: Scheduler,
     readiness: Arc<Readiness>,
     observer: Option<tokio::sync::mpsc::UnboundedSender<Relayed>>,
-    link: Option<Link>,
+    connection: Option<RelayConnection>,
 }
 
 impl std::fmt::Debug for Relay {
@@ -142,7 +142,7 @@ impl Relay {
             scheduler: Scheduler::from_settings(settings)?,
             readiness,
             observer: None,
-            link: None,
+            connection: None,
         })
     }
 
@@ -217,22 +217,22 @@ impl Relay {
     pub async fn relay_once(&mut self) -> Result<Round, RelayError> {
         let result = self.round().await;
         if result.is_err() {
-            self.link = None;
+            self.connection = None;
         }
         result
     }
 
     async fn round(&mut self) -> Result<Round, RelayError> {
-        let link = match &mut self.link {
-            Some(link) => link,
+        let connection = match &mut self.connection {
+            Some(connection) => connection,
             None => self
-                .link
-                .insert(Link::open(&self.config, self.query_timeout).await?),
+                .connection
+                .insert(RelayConnection::open(&self.config, self.query_timeout).await?),
         };
-        link.drain()?;
+        connection.drain()?;
         let batch_max = self.settings.batch_max;
         let started = Instant::now();
-        let (locked, rows) = link.lock(batch_max).await?;
+        let (locked, rows) = connection.lock(batch_max).await?;
         let locked_at = Instant::now();
         let locked_wall = Utc::now();
         if rows.is_empty() {
@@ -271,16 +271,16 @@ impl Relay {
         let mut rejected = Vec::new();
         let mut failed = 0;
         for (row, (result, at)) in rows.iter().zip(&results) {
-            match verdict(result) {
-                Verdict::Published => {
+            match fate(result) {
+                RowFate::Published => {
                     done.push(row.id);
                     published.push((row, *at));
                 }
-                Verdict::Rejected(reason) => {
+                RowFate::Rejected(reason) => {
                     done.push(row.id);
                     rejected.push((row, reason));
                 }
-                Verdict::Retry => {
+                RowFate::Retry => {
                     if failed == 0
                         && let Err(e) = result
                     {
@@ -311,17 +311,17 @@ impl Relay {
 
     /// Refreshes the pending-rows gauges; a failure leaves them as they were.
     async fn count_pending(&mut self) {
-        let Some(link) = &self.link else {
+        let Some(connection) = &self.connection else {
             return;
         };
-        match link.pending().await {
+        match connection.pending().await {
             Ok((rows, oldest)) => {
                 metrics::gauge!(OUTBOX_PENDING.name).set(rows as f64);
                 metrics::gauge!(OUTBOX_OLDEST_SECONDS.name).set(oldest);
             }
             Err(e) => {
                 warn!(target: RELAY, error = %e, "cannot count the outbox's pending rows");
-                self.link = None;
+                self.connection = None;
             }
         }
     }
@@ -329,16 +329,16 @@ impl Relay {
     /// Until a notification from our outbox, the poll interval, or shutdown.
     async fn wait_for_rows(&mut self, shutdown: &CancellationToken) {
         let poll = tokio::time::sleep(self.settings.poll_interval);
-        let Some(link) = &mut self.link else {
+        let Some(connection) = &mut self.connection else {
             return;
         };
         let notified = tokio::select! {
             _ = shutdown.cancelled() => Ok(()),
             _ = poll => Ok(()),
-            notified = link.notified() => notified,
+            notified = connection.notified() => notified,
         };
         if notified.is_err() {
-            self.link = None;
+            self.connection = None;
         }
     }
 }

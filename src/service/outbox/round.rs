@@ -15,7 +15,7 @@ pub(crate) struct OutboxRow {
 
 /// What happens to a row after its publish.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Verdict {
+pub(crate) enum RowFate {
     /// Confirmed by the broker: delete the row.
     Published,
     /// It can never be published: move it to `order_expiry_outbox_rejected`
@@ -26,16 +26,16 @@ pub(crate) enum Verdict {
     Retry,
 }
 
-/// The verdict on one publish result. Only what no retry can change rejects a
+/// The fate of a row after one publish result. Only what no retry can change rejects a
 /// row: its order id, or a due time beyond the ladder (time only shortens the
 /// delay, but not by the days a ladder's end is away).
-pub(crate) fn verdict(result: &Result<Scheduled, ScheduleError>) -> Verdict {
+pub(crate) fn fate(result: &Result<Scheduled, ScheduleError>) -> RowFate {
     match result {
-        Ok(_) => Verdict::Published,
+        Ok(_) => RowFate::Published,
         Err(e @ (ScheduleError::InvalidOrderId(_) | ScheduleError::DelayTooLong(_))) => {
-            Verdict::Rejected(e.to_string())
+            RowFate::Rejected(e.to_string())
         }
-        Err(_) => Verdict::Retry,
+        Err(_) => RowFate::Retry,
     }
 }
 
@@ -56,17 +56,17 @@ mod tests {
             route,
             orders_in_message: 1,
         });
-        assert_eq!(verdict(&ok), Verdict::Published);
+        assert_eq!(fate(&ok), RowFate::Published);
 
         let invalid = OrderId::new("").unwrap_err();
-        let rejected = verdict(&Err(ScheduleError::InvalidOrderId(invalid)));
-        assert!(matches!(rejected, Verdict::Rejected(r) if r.starts_with("invalid order id")));
+        let rejected = fate(&Err(ScheduleError::InvalidOrderId(invalid)));
+        assert!(matches!(rejected, RowFate::Rejected(r) if r.starts_with("invalid order id")));
         let too_long = DelayTooLong {
             delay_secs: 100,
             max_secs: 7,
         };
-        let rejected = verdict(&Err(ScheduleError::DelayTooLong(too_long)));
-        assert!(matches!(rejected, Verdict::Rejected(r) if r.contains("100")));
+        let rejected = fate(&Err(ScheduleError::DelayTooLong(too_long)));
+        assert!(matches!(rejected, RowFate::Rejected(r) if r.contains("100")));
 
         for transient in [
             ScheduleError::Nacked {
@@ -80,7 +80,7 @@ mod tests {
             },
             ScheduleError::Timeout(Duration::from_secs(1)),
         ] {
-            assert_eq!(verdict(&Err(transient)), Verdict::Retry);
+            assert_eq!(fate(&Err(transient)), RowFate::Retry);
         }
     }
 }

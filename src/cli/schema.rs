@@ -1,4 +1,4 @@
-//! `order-expiry migrate`: the default `orders` table and the transactional
+//! `order-expiry migrate`: the SQL schema: the default `orders` table and the transactional
 //! outbox (`order_expiry_outbox`, its rejected rows, its notify trigger);
 //! idempotent.
 

@@ -4,7 +4,7 @@
 //! A pooled connection cannot receive notifications (the pool drives its
 //! connection futures and drops what they deliver), so the relay holds one of
 //! its own, with the same settings as the pool's. Every call is bounded by
-//! `database.query_timeout_ms`; on any failure the relay drops the whole link
+//! `database.query_timeout_ms`; on any failure the relay drops the whole connection
 //! (the server rolls back what it held) and opens a new one.
 
 use std::time::Duration;
@@ -43,7 +43,7 @@ const PENDING_SQL: &str = "SELECT count(*), \
      FROM order_expiry_outbox";
 
 /// One open connection, listening.
-pub(super) struct Link {
+pub(super) struct RelayConnection {
     client: Client,
     notifications: UnboundedReceiver<String>,
     /// The schema of the outbox table: notifications from other schemas'
@@ -63,7 +63,7 @@ pub(super) struct Locked<'a> {
     reject: &'a Statement,
 }
 
-impl Link {
+impl RelayConnection {
     /// Connects, finds the outbox table, prepares the statements, listens.
     pub(super) async fn open(config: &Config, timeout: Duration) -> Result<Self, RelayError> {
         let (client, mut connection) = bounded(timeout, config.connect(NoTls)).await?;
