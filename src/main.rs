@@ -35,6 +35,6 @@ async fn run() -> anyhow::Result<ExitCode> {
     } else {
         settings.log.filter.clone()
     };
-    order_expiry::init_tracing(format, &filter);
+    order_expiry::telemetry::init_tracing(format, &filter);
     cli::run(args.command, settings).await
 }

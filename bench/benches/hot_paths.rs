@@ -6,7 +6,7 @@ use std::hint::black_box;
 
 use chrono::{TimeDelta, Utc};
 use criterion::{Criterion, criterion_group, criterion_main};
-use order_expiry::{ExpiryMessage, OrderId, Settings, on_arrival};
+use order_expiry::{OrderId, Settings, publisher::ExpiryMessage, service::on_arrival};
 
 const CONTENT_TYPE: &str = ExpiryMessage::CONTENT_TYPE;
 

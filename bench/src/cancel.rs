@@ -17,7 +17,10 @@ use anyhow::{Context, ensure};
 use chrono::{TimeDelta, Utc};
 use clap::Args;
 use futures::StreamExt;
-use order_expiry::{Disposition, ExpiryMessage, OrderId, OrderStore, PgOrderStore, Settings};
+use order_expiry::{
+    OrderId, Settings, publisher::ExpiryMessage, service::Disposition, service::OrderStore,
+    service::PgOrderStore,
+};
 use order_expiry_testkit::World;
 use serde::Serialize;
 

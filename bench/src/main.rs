@@ -15,7 +15,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use order_expiry::{LogFormat, Settings};
+use order_expiry::{Settings, settings::LogFormat};
 use order_expiry_bench::{GoalsMissed, cancel, check, flash, lateness, outbox, throughput};
 
 /// Benchmarks of order-expiry against the local broker and database (not tests).
@@ -81,7 +81,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Some(LogFormatArg::Json) => LogFormat::Json,
         None => settings.log.format,
     };
-    order_expiry::init_tracing(format, &settings.log.filter);
+    order_expiry::telemetry::init_tracing(format, &settings.log.filter);
     match cli.command {
         Command::Lateness(args) => lateness::run(&settings, &args).await,
         Command::Throughput(args) => throughput::run(&settings, &args).await,

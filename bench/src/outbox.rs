@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use chrono::{DateTime, TimeDelta, Utc};
 use clap::Args;
-use order_expiry::{Readiness, Relay, Relayed, Settings};
+use order_expiry::{Settings, service::Readiness, service::Relay, service::Relayed};
 use order_expiry_testkit::World;
 use secrecy::ExposeSecret;
 use serde::Serialize;

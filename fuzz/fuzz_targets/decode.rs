@@ -13,7 +13,7 @@
 
 use chrono::TimeDelta;
 use libfuzzer_sys::fuzz_target;
-use order_expiry::{ExpiryMessage, OrderId};
+use order_expiry::{OrderId, publisher::ExpiryMessage};
 
 const CONTENT_TYPE: &str = ExpiryMessage::CONTENT_TYPE;
 

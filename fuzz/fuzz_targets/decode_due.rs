@@ -16,7 +16,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use order_expiry::{DueMessage, ExpiryMessage, OrderId};
+use order_expiry::{
+    OrderId,
+    publisher::{DueMessage, ExpiryMessage},
+};
 
 const CONTENT_TYPES: [Option<&str>; 4] = [
     None,

@@ -6,17 +6,20 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use super::AmqpError;
+
 /// A broker operation failed or did not answer in time; `what` names it
 /// (`declaring queue orders.due`, `basic.qos`, ...).
 #[derive(Debug, Clone, Error)]
+#[non_exhaustive]
 pub enum BrokerError {
     /// The broker refused, or the channel or connection failed.
     #[error("{what}: {source}")]
     Failed {
         /// The operation.
         what: Cow<'static, str>,
-        /// What lapin said.
-        source: lapin::Error,
+        /// What the broker or the client said.
+        source: AmqpError,
     },
     /// No answer within the bound (`amqp.timeout_ms`).
     #[error("{what}: no answer from the broker within {timeout:?}")]
@@ -38,7 +41,7 @@ pub(crate) async fn bounded<T>(
         Ok(Ok(value)) => Ok(value),
         Ok(Err(source)) => Err(BrokerError::Failed {
             what: what.into(),
-            source,
+            source: AmqpError::new(source),
         }),
         Err(_) => Err(BrokerError::Timeout {
             what: what.into(),
@@ -50,10 +53,10 @@ pub(crate) async fn bounded<T>(
 /// Whether the broker answered 404 NOT_FOUND: a publish to an exchange, or a
 /// passive declare of a queue, that does not exist. The broker closes the
 /// channel with it.
-pub(crate) fn is_not_found(error: &lapin::Error) -> bool {
+pub(crate) fn is_not_found(error: &AmqpError) -> bool {
     use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
     matches!(
-        error.kind(),
+        error.lapin().kind(),
         lapin::ErrorKind::ProtocolError(e)
             if matches!(e.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND))
     )
@@ -61,10 +64,10 @@ pub(crate) fn is_not_found(error: &lapin::Error) -> bool {
 
 /// Whether the broker answered 406 PRECONDITION_FAILED: a re-declare with other
 /// arguments than the existing object's. The broker closes the channel with it.
-pub(crate) fn is_precondition_failed(error: &lapin::Error) -> bool {
+pub(crate) fn is_precondition_failed(error: &AmqpError) -> bool {
     use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
     matches!(
-        error.kind(),
+        error.lapin().kind(),
         lapin::ErrorKind::ProtocolError(e)
             if matches!(e.kind(), AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED))
     )

@@ -17,6 +17,7 @@ use lapin::{Connection, ConnectionProperties};
 use secrecy::{ExposeSecret, SecretString};
 use thiserror::Error;
 
+use super::AmqpError;
 use super::bounded::{BrokerError, bounded};
 use super::tls::{TlsError, TlsFiles, is_untrusted_certificate};
 use crate::settings::{redact_url, scrub_url, url_list};
@@ -24,14 +25,15 @@ use crate::settings::{redact_url, scrub_url, url_list};
 /// Connecting to the broker failed. Every variant shows the URL with its
 /// password redacted.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ConnectError {
     /// The broker refused or the network failed.
     #[error("cannot connect to {url}: {source}")]
     Refused {
         /// The URL, password redacted.
         url: String,
-        /// What lapin said.
-        source: lapin::Error,
+        /// What the broker or the client said.
+        source: AmqpError,
     },
     /// No answer in time.
     #[error("no answer from {url} within {timeout:?}")]
@@ -138,13 +140,13 @@ async fn connect_one(
     let config = tls.load().map_err(tls_error)?;
     let runtime = lapin::runtime::default_runtime().map_err(|source| ConnectError::Refused {
         url: redacted(),
-        source,
+        source: AmqpError::new(source),
     })?;
     let properties = ConnectionProperties::default().with_connection_name(name.into());
     let connecting = Connection::connect_uri_with_config(uri, properties, config, runtime);
     match bounded("connect", timeout, connecting).await {
         Ok(connection) => Ok(connection),
-        Err(BrokerError::Failed { source, .. }) if is_untrusted_certificate(&source) => {
+        Err(BrokerError::Failed { source, .. }) if is_untrusted_certificate(source.lapin()) => {
             Err(tls_error(TlsError::Untrusted { source }))
         }
         Err(BrokerError::Failed { source, .. }) => Err(ConnectError::Refused {

@@ -2,12 +2,14 @@
 //! `amqps://`), and one timeout for every other await on the broker.
 
 mod bounded;
+mod client_error;
 mod connect;
 mod link;
 mod tls;
 
 pub use self::bounded::BrokerError;
 pub(crate) use self::bounded::{bounded, is_not_found, is_precondition_failed};
+pub use self::client_error::AmqpError;
 pub use self::connect::ConnectError;
 pub(crate) use self::connect::{close_failed, connect};
 pub(crate) use self::link::{ConfirmLink, LinkError};

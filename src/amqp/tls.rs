@@ -9,10 +9,12 @@ use rustls_pki_types::pem::{self, PemObject};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use thiserror::Error;
 
+use super::AmqpError;
 use crate::settings::AmqpSettings;
 
 /// The TLS settings cannot be used. Each names the `amqp.tls_*` setting at fault.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum TlsError {
     /// A file cannot be read.
     #[error("cannot read {setting} {}: {source}", path.display())]
@@ -62,7 +64,7 @@ pub enum TlsError {
     )]
     Untrusted {
         /// What the handshake said.
-        source: lapin::Error,
+        source: AmqpError,
     },
 }
 

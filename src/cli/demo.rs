@@ -8,7 +8,10 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use chrono::{DateTime, TimeDelta, Utc};
 use clap::Args;
-use order_expiry::{Consumer, PgOrderStore, Readiness, Scheduler, Settings, Topology};
+use order_expiry::{
+    Scheduler, Settings, service::Consumer, service::PgOrderStore, service::Readiness,
+    topology::Topology,
+};
 use rand::Rng;
 use tokio_util::sync::CancellationToken;
 

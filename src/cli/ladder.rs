@@ -4,7 +4,7 @@
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use order_expiry::{LadderMigration, MigrationReport, Settings};
+use order_expiry::{Settings, ops::LadderMigration, ops::MigrationReport};
 
 /// `ladder` subcommands.
 #[derive(Debug, Subcommand)]

@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use order_expiry::{LogFormat, Settings};
+use order_expiry::{Settings, settings::LogFormat};
 
 /// Cancel unpaid orders on time with a RabbitMQ delay ladder.
 #[derive(Debug, Parser)]

@@ -4,7 +4,7 @@
 use anyhow::{Context, bail};
 use chrono::SecondsFormat;
 use clap::{ArgGroup, Args, Subcommand};
-use order_expiry::{Parked, ReplaySelection, Settings};
+use order_expiry::{Settings, ops::Parked, ops::ReplaySelection};
 
 /// `parked` subcommands.
 #[derive(Debug, Subcommand)]

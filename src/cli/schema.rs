@@ -3,7 +3,7 @@
 //! idempotent.
 
 use anyhow::Context;
-use order_expiry::{PgOrderStore, Settings};
+use order_expiry::{Settings, service::PgOrderStore};
 
 pub(super) async fn run(settings: &Settings) -> anyhow::Result<()> {
     let store = PgOrderStore::new(settings)?;

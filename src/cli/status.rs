@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use order_expiry::{Settings, Status};
+use order_expiry::{Settings, ops::Status};
 
 /// `status` arguments.
 #[derive(Debug, Args)]

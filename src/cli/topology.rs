@@ -3,7 +3,10 @@
 use std::io::Write;
 
 use clap::Subcommand;
-use order_expiry::{ActionKind, KeptQueue, Settings, Topology, definitions_json};
+use order_expiry::{
+    Settings, settings::ActionKind, topology::KeptQueue, topology::Topology,
+    topology::definitions_json,
+};
 
 /// `topology` subcommands.
 #[derive(Debug, Subcommand)]

@@ -16,6 +16,7 @@ use crate::topology::LadderError;
 
 /// An operator command could not do its work.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum OpsError {
     /// The topology settings are invalid.
     #[error("invalid topology settings: {0}")]

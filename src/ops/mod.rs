@@ -1,14 +1,14 @@
 //! Operator tooling, feature `service`: what `order-expiry status`, `parked`
 //! and `ladder migrate` do, over AMQP and SQL only (no management plugin).
 //!
-//! - [`admin`]: one bounded admin connection: passive queue declares that
+//! - `admin`: one bounded admin connection: passive queue declares that
 //!   survive a missing queue, a confirm-mode channel.
-//! - [`status`]: [`Status`]: the ladder, due, parked, outbox and overdue orders
+//! - `status`: [`Status`]: the ladder, due, parked, outbox and overdue orders
 //!   in one look; its text and its stable JSON.
-//! - [`parked`]: [`Parked`]: list, replay and purge `P.parked`.
-//! - [`migrate`]: [`LadderMigration`]: an old ladder's messages into the
+//! - `parked`: [`Parked`]: list, replay and purge `P.parked`.
+//! - `migrate`: [`LadderMigration`]: an old ladder's messages into the
 //!   current one, while both are in use.
-//! - [`republish`]: one message into the current ladder for its remaining
+//! - `republish`: one message into the current ladder for its remaining
 //!   delay, confirmed, then the original acked.
 
 mod admin;

@@ -6,12 +6,13 @@ use std::time::Duration;
 use thiserror::Error;
 
 use super::order_id::InvalidOrderId;
-use crate::amqp::{BrokerError, ConnectError, LinkError};
+use crate::amqp::{AmqpError, BrokerError, ConnectError, LinkError};
 use crate::settings::InvalidSetting;
 use crate::topology::{DelayTooLong, LadderError};
 
 /// Why a schedule call did not end with a message durable in the broker.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ScheduleError {
     /// The order id breaks the contract (1-128 characters, no control characters).
     #[error("invalid order id: {0}")]
@@ -63,7 +64,7 @@ pub enum ScheduleError {
     Timeout(Duration),
     /// The channel or connection failed while publishing.
     #[error("broker connection failed while publishing: {0}")]
-    Broker(#[from] lapin::Error),
+    Broker(AmqpError),
     /// No connection could be opened.
     #[error(transparent)]
     Connect(#[from] ConnectError),

@@ -45,6 +45,7 @@ pub struct ExpiryMessage {
 /// Why a body is not a message we can ever process. The `Display` text is the
 /// `x-parked-reason`.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum Malformed {
     /// Empty body.
     #[error("empty body")]
@@ -195,7 +196,7 @@ impl ExpiryMessage {
 
     /// Parses and validates a v1 body. `content_type` is the AMQP property; a
     /// missing one is accepted, a present non-JSON one is not. A v2 bundle is
-    /// [`Malformed::Bundle`] here: [`crate::DueMessage::decode`] reads every
+    /// [`Malformed::Bundle`] here: [`crate::publisher::DueMessage::decode`] reads every
     /// version the consumer knows.
     pub fn decode(
         body: &[u8],

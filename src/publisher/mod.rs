@@ -1,15 +1,17 @@
 //! What an order service links: schedule an order's expiry, durable in the
 //! broker once `schedule()` returns `Ok`. Needs no service dependency.
 //!
-//! - [`scheduler`]: [`Scheduler`]: confirms, `mandatory`, reconnects lazily.
-//! - [`error`]: [`ScheduleError`]: every way a schedule call can fail.
-//! - [`message`]: the v1 wire format: encode, decode, validate. Pure.
-//! - [`bundle`]: the v2 wire format, many orders in one message; decoding of every version. Pure.
-//! - [`order_id`]: the validated [`OrderId`]. Pure.
-//! - `outbox` (feature `outbox`): [`Scheduler::schedule_in_tx`]: a row in the
+//! - `scheduler`: [`Scheduler`]: confirms, `mandatory`, reconnects lazily.
+//! - `error`: [`ScheduleError`]: every way a schedule call can fail.
+//! - `message`: the v1 wire format: encode, decode, validate. Pure.
+//! - `bundle`: the v2 wire format, many orders in one message; decoding of every version. Pure.
+//! - `order_id`: the validated [`OrderId`]. Pure.
+//! - `outbox` (feature `outbox`): `Scheduler::schedule_in_tx`: a row in the
 //!   order's own transaction, relayed by `order-expiry serve`.
 
 mod bundle;
+#[cfg(feature = "outbox")]
+mod database_error;
 mod error;
 mod group;
 mod message;
@@ -19,6 +21,8 @@ mod outbox;
 mod scheduler;
 
 pub use self::bundle::{BadEntry, DueMessage};
+#[cfg(feature = "outbox")]
+pub use self::database_error::DatabaseError;
 pub use self::error::ScheduleError;
 pub use self::message::{ExpiryMessage, Malformed};
 pub use self::order_id::{InvalidOrderId, OrderId};

@@ -12,6 +12,7 @@ use std::convert::Infallible;
 use chrono::{DateTime, Utc};
 use thiserror::Error;
 
+use super::database_error::DatabaseError;
 use super::order_id::{InvalidOrderId, OrderId};
 use super::scheduler::Scheduler;
 use crate::topology::DelayTooLong;
@@ -35,6 +36,7 @@ pub struct OutboxEntry {
 
 /// Why [`Scheduler::schedule_in_tx`] wrote nothing.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum OutboxError {
     /// The order id breaks the contract (1-128 characters, no control characters).
     #[error("invalid order id: {0}")]
@@ -46,7 +48,7 @@ pub enum OutboxError {
     /// The insert failed (no outbox table: run `order-expiry migrate`; or the
     /// transaction is aborted). The caller's transaction should roll back.
     #[error("outbox insert failed: {0}")]
-    Database(#[from] tokio_postgres::Error),
+    Database(#[from] DatabaseError),
 }
 
 impl From<Infallible> for OutboxError {
@@ -98,9 +100,10 @@ impl Scheduler {
         self.ladder().route_for_remaining_ms(remaining_ms)?;
         let row = tx
             .query_one(OUTBOX_INSERT_SQL, &[&order_id.as_str(), &due_at])
-            .await?;
+            .await
+            .map_err(DatabaseError::new)?;
         Ok(OutboxEntry {
-            id: row.try_get(0)?,
+            id: row.try_get(0).map_err(DatabaseError::new)?,
             order_id,
             due_at,
         })

@@ -22,6 +22,7 @@ use crate::telemetry::metrics_handle;
 
 /// The service could not be built.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ServiceError {
     /// A setting cannot work: named, with the reason, in one line.
     #[error(transparent)]
@@ -135,7 +136,7 @@ impl Service {
         Arc::clone(&self.readiness)
     }
 
-    /// Runs until `shutdown` is cancelled (see [`crate::shutdown_on_signal`]):
+    /// Runs until `shutdown` is cancelled (see [`crate::service::shutdown_on_signal`]):
     /// the consumer drains, the sweeper stops and the outbox relay finishes its
     /// round, then the HTTP endpoint stops.
     pub async fn run(self, shutdown: CancellationToken) {

@@ -1,16 +1,16 @@
 //! The consumer service (`order-expiry serve`), feature `service`.
 //!
-//! - [`app`]: [`Service`]: consumer + sweeper + HTTP, built once for `main` and tests.
-//! - [`action`]: what expires a due order ([`Action`]: SQL, HTTP, an event)
+//! - `app`: [`Service`]: consumer + sweeper + HTTP, built once for `main` and tests.
+//! - `action`: what expires a due order ([`Action`]: SQL, HTTP, an event)
 //!   and the optional payment check before it.
-//! - [`consumer`]: the delivery loop: hold until due, batch, ack / park / retry.
-//! - [`orders`]: the [`OrderStore`] trait and its PostgreSQL implementation.
-//! - [`sweeper`]: safety net: every second, cancels unpaid orders a few seconds overdue.
-//! - [`overdue`]: the gauge of unpaid orders past their deadline by more than a margin.
-//! - [`outbox`]: the transactional outbox relay: `order_expiry_outbox` to the ladder.
-//! - [`http`]: `/healthz`, `/readyz`, `/metrics`.
-//! - [`backoff`]: exponential backoff for reconnects and retries.
-//! - [`shutdown`]: SIGTERM / Ctrl-C → cancellation token.
+//! - `consumer`: the delivery loop: hold until due, batch, ack / park / retry.
+//! - `orders`: the [`OrderStore`] trait and its PostgreSQL implementation.
+//! - `sweeper`: safety net: every second, cancels unpaid orders a few seconds overdue.
+//! - `overdue`: the gauge of unpaid orders past their deadline by more than a margin.
+//! - `outbox`: the transactional outbox relay: `order_expiry_outbox` to the ladder.
+//! - `http`: `/healthz`, `/readyz`, `/metrics`.
+//! - `backoff`: exponential backoff for reconnects and retries.
+//! - `shutdown`: SIGTERM / Ctrl-C → cancellation token.
 
 /// The log target of the consumer's events and spans: `order_expiry::consumer`,
 /// as documented (`ORDER_EXPIRY__LOG__FILTER=info,order_expiry::consumer=debug`),

@@ -2,7 +2,7 @@
 
 use tokio_util::sync::CancellationToken;
 
-/// A token cancelled on the first SIGTERM or SIGINT, for [`crate::Service::run`].
+/// A token cancelled on the first SIGTERM or SIGINT, for [`crate::service::Service::run`].
 /// Containers stop with SIGTERM; people with Ctrl-C.
 pub fn shutdown_on_signal() -> CancellationToken {
     let token = CancellationToken::new();

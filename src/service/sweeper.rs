@@ -34,7 +34,7 @@ pub struct Sweeper<S> {
 
 impl<S: OrderStore> Sweeper<S> {
     /// A sweeper on `store` configured by `settings` (whether it is enabled is
-    /// the caller's decision: [`crate::Service`] only builds one when it is).
+    /// the caller's decision: [`crate::service::Service`] only builds one when it is).
     pub fn new(settings: &SweeperSettings, store: Arc<S>) -> Self {
         Self {
             store,

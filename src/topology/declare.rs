@@ -21,6 +21,7 @@ use crate::amqp::{self, BrokerError, ConnectError, TlsFiles};
 
 /// `topology apply` failed.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum TopologyError {
     /// The topology settings are invalid.
     #[error("invalid topology settings: {0}")]

@@ -31,6 +31,7 @@ pub struct DelayTooLong {
 
 /// A ladder configuration that cannot exist.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum LadderError {
     /// Zero levels could hold nothing; more than 32 overflows the TTLs
     /// RabbitMQ accepts.

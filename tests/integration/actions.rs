@@ -12,7 +12,7 @@ use lapin::options::{
     QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
-use order_expiry::{ActionKind, Outcome, Scheduler};
+use order_expiry::{Scheduler, service::Outcome, settings::ActionKind};
 use order_expiry_testkit::{Endpoint, Reply, World, at_ms};
 use secrecy::SecretString;
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, TimeDelta, Utc};
 use lapin::BasicProperties;
 use lapin::types::AMQPValue;
-use order_expiry::{Outcome, Scheduler};
+use order_expiry::{Scheduler, service::Outcome};
 use order_expiry_testkit::{World, at_ms, bundle, message};
 
 fn json() -> BasicProperties {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use chrono::{TimeDelta, Utc};
 use lapin::types::AMQPValue;
-use order_expiry::{FinalOutcome, Outcome, Settings};
+use order_expiry::{Settings, service::Outcome, settings::FinalOutcome};
 use order_expiry_testkit::{Endpoint, Reply, RunningConsumer, World, at_ms, bundle, message};
 use secrecy::SecretString;
 

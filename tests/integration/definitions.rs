@@ -17,8 +17,8 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use order_expiry::{
-    CONSUMER_USER, Consumer, Outcome, PUBLISHER_USER, Readiness, Relay, Scheduler, Settings,
-    definitions_json,
+    Scheduler, Settings, service::Consumer, service::Outcome, service::Readiness, service::Relay,
+    topology::CONSUMER_USER, topology::PUBLISHER_USER, topology::definitions_json,
 };
 use order_expiry_testkit::{World, amqp_port, at_ms, rabbitmqctl};
 use secrecy::SecretString;
@@ -189,7 +189,7 @@ fn assert_refused<T: std::fmt::Debug>(what: &str, result: Result<T, lapin::Error
 }
 
 /// Publishes `message` into the ladder as `url`'s user, as the scheduler would.
-async fn scheduler_as(url: &str, message: &order_expiry::ExpiryMessage) {
+async fn scheduler_as(url: &str, message: &order_expiry::publisher::ExpiryMessage) {
     let mut settings = Settings::default();
     settings.amqp.url = SecretString::from(url.to_owned());
     let scheduler = Scheduler::from_settings(&settings).unwrap();
@@ -230,7 +230,7 @@ async fn publish(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn imported_users_have_least_privilege_and_suffice() {
-    order_expiry::init_tracing_for_tests();
+    order_expiry::telemetry::init_tracing_for_tests();
     let imported = Imported::new();
     // No password in the file: both users exist but cannot log in yet.
     assert!(

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use chrono::TimeDelta;
-use order_expiry::{Outcome, Scheduler};
+use order_expiry::{Scheduler, service::Outcome};
 use order_expiry_testkit::{Served, World, at_ms, message};
 use rand::seq::SliceRandom;
 

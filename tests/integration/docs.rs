@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use order_expiry::{CONSUMER_USER, PUBLISHER_USER};
+use order_expiry::{topology::CONSUMER_USER, topology::PUBLISHER_USER};
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))

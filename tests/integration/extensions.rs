@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, SubsecRound, TimeDelta, Utc};
-use order_expiry::{OrderStore, Outcome, Scheduler};
+use order_expiry::{Scheduler, service::OrderStore, service::Outcome};
 use order_expiry_testkit::{World, amqp_url, at_ms};
 
 /// Sets a new deadline, as the order service does when it extends one.
@@ -133,7 +133,7 @@ async fn the_store_applies_the_rule_and_the_sweeper_reads_the_new_deadline() {
         .cancel_unpaid(&[&stale, &no_deadline])
         .await
         .unwrap();
-    use order_expiry::Disposition::{Cancelled, Extended};
+    use order_expiry::service::Disposition::{Cancelled, Extended};
     // A NULL deadline never extends: the message cancels it.
     assert_eq!(dispositions, [Extended, Cancelled]);
     assert_eq!(env.order("ext-sweep").await.0, "unpaid");

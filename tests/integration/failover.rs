@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
-use order_expiry::{Outcome, Scheduler};
+use order_expiry::{Scheduler, service::Outcome};
 use order_expiry_testkit::{World, amqp_url, at_ms, free_port};
 use secrecy::{ExposeSecret, SecretString};
 use tokio::process::Command;

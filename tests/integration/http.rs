@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use order_expiry::Service;
+use order_expiry::service::Service;
 use order_expiry_testkit::{World, http_get};
 use tokio_util::sync::CancellationToken;
 

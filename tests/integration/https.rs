@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use order_expiry::{ActionKind, Outcome, Settings};
+use order_expiry::{Settings, service::Outcome, settings::ActionKind};
 use order_expiry_testkit::{Endpoint, Reply, TlsFront, World, at_ms};
 
 use crate::tls::Pki;

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use order_expiry::{Handled, Outcome};
+use order_expiry::{service::Handled, service::Outcome};
 use order_expiry_testkit::{World, at_ms, message};
 
 /// 2 s each: every re-check passes level 0 of the ladder (2 s − the 300 ms

@@ -8,7 +8,7 @@ use std::time::Duration;
 use chrono::Utc;
 use lapin::BasicProperties;
 use lapin::types::AMQPValue;
-use order_expiry::{Outcome, PgOrderStore};
+use order_expiry::{service::Outcome, service::PgOrderStore};
 use order_expiry_testkit::{RunningConsumer, Served, World, at_ms, message};
 
 const ORDERS: usize = 200;

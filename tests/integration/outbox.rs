@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, TimeDelta, Utc};
 use lapin::options::{QueueBindOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
-use order_expiry::{Readiness, Relay};
+use order_expiry::{service::Readiness, service::Relay};
 use order_expiry_testkit::{Proxy, Served, World, at_ms};
 use tokio_util::sync::CancellationToken;
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use order_expiry::{OutboxError, Readiness, Relay};
+use order_expiry::{OutboxError, service::Readiness, service::Relay};
 use order_expiry_testkit::{World, at_ms};
 use secrecy::ExposeSecret;
 

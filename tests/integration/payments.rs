@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use order_expiry::{Disposition, OrderStore, Outcome, Scheduler};
+use order_expiry::{Scheduler, service::Disposition, service::OrderStore, service::Outcome};
 use order_expiry_testkit::{World, at_ms, message};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use lapin::BasicProperties;
 use lapin::types::AMQPValue;
-use order_expiry::Outcome;
+use order_expiry::service::Outcome;
 use order_expiry_testkit::{World, at_ms, message};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use lapin::BasicProperties;
 use lapin::types::AMQPValue;
-use order_expiry::Outcome;
+use order_expiry::service::Outcome;
 use order_expiry_testkit::{World, at_ms};
 
 const DUE: &str = "2026-01-01T00:00:00.000Z";

@@ -6,7 +6,7 @@
 
 use lapin::BasicProperties;
 use lapin::options::{BasicGetOptions, BasicPublishOptions, BasicRejectOptions};
-use order_expiry::definitions_json;
+use order_expiry::topology::definitions_json;
 use order_expiry_testkit::{World, rabbitmqctl, vhost};
 use serde_json::Value;
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use lapin::ExchangeKind;
 use lapin::options::ExchangeDeclareOptions;
 use lapin::types::FieldTable;
-use order_expiry::{Ladder, ScheduleError, Scheduler};
+use order_expiry::{ScheduleError, Scheduler, topology::Ladder};
 use order_expiry_testkit::{World, amqp_url, at_ms};
 use secrecy::SecretString;
 

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use order_expiry::{Service, Sweeper};
+use order_expiry::{service::Service, service::Sweeper};
 use order_expiry_testkit::{Served, World, at_ms};
 use tokio_util::sync::CancellationToken;
 

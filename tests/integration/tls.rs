@@ -6,7 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use order_expiry::{ConnectError, Ladder, Outcome, ScheduleError, Scheduler, TlsFiles};
+use order_expiry::{
+    ScheduleError, Scheduler, amqp::ConnectError, amqp::TlsFiles, service::Outcome,
+    topology::Ladder,
+};
 use order_expiry_testkit::{World, at_ms, free_port, rabbitmqctl, vhost};
 use secrecy::SecretString;
 

@@ -11,7 +11,7 @@ use anyhow::{Context, bail};
 use chrono::SecondsFormat;
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
-use order_expiry::{Scheduler, Settings, Topology};
+use order_expiry::{Scheduler, Settings, topology::Topology};
 use order_expiry_testkit::{World, settings_env};
 use secrecy::ExposeSecret;
 use tokio::io::{AsyncWriteExt, BufWriter};

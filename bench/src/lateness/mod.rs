@@ -31,7 +31,9 @@ use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
 use lapin::Channel;
 use lapin::options::ConfirmSelectOptions;
-use order_expiry::{Consumer, PgOrderStore, Readiness, Scheduler, Settings};
+use order_expiry::{
+    Scheduler, Settings, service::Consumer, service::PgOrderStore, service::Readiness,
+};
 use order_expiry_testkit::World;
 use rand::Rng;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};

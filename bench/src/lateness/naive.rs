@@ -6,7 +6,7 @@
 use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Confirmation};
-use order_expiry::{ExpiryMessage, Settings, Topology};
+use order_expiry::{Settings, publisher::ExpiryMessage, topology::Topology};
 use order_expiry_testkit::message;
 
 /// Settings of the naive design's due and parked queues: the world's, with

@@ -12,7 +12,7 @@ use lapin::types::{FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation};
 use tokio::time::Instant;
 
-use order_expiry::ExpiryMessage;
+use order_expiry::publisher::ExpiryMessage;
 
 /// One message to publish: exchange, routing key, body. Precomputed, so the timed
 /// loop only publishes.

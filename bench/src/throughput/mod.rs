@@ -32,7 +32,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use serde_json::json;
 
-use order_expiry::{QueueType, Settings};
+use order_expiry::{Settings, settings::QueueType};
 
 use self::report::{Row, median};
 use self::world::World;

@@ -11,7 +11,10 @@ use futures::StreamExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use order_expiry::{Consumer, Outcome, PgOrderStore, Readiness, Scheduler, Settings};
+use order_expiry::{
+    Scheduler, Settings, service::Consumer, service::Outcome, service::PgOrderStore,
+    service::Readiness,
+};
 use order_expiry_testkit::procfs;
 
 /// Schedules `ids` (`schedule_stream`) while the real consumer cancels them;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use lapin::options::{QueueDeleteOptions, QueuePurgeOptions};
-use order_expiry::{QueueType, Settings, Topology};
+use order_expiry::{Settings, settings::QueueType, topology::Topology};
 use secrecy::ExposeSecret;
 use serde_json::Value;
 

@@ -2,7 +2,7 @@
 //! batch machinery (split on a failure, retry alone, park, pause while
 //! everything is unavailable) is the same whatever the action is.
 //!
-//! - `sql`: every [`OrderStore`](crate::OrderStore) is an action: `database.cancel_sql` on PostgreSQL.
+//! - `sql`: every [`OrderStore`](crate::service::OrderStore) is an action: `database.cancel_sql` on PostgreSQL.
 //! - `http`: [`HttpAction`], `POST {base}/orders/{id}/expire` on the order service.
 //! - `event`: [`EventAction`], an `order.expired` event, confirmed by the broker.
 //! - `check`: [`PaymentCheck`], the optional question to the payment gateway
@@ -58,6 +58,7 @@ pub enum ActionAnswer {
 /// The action failed for a whole batch; [`ActionError::class`] says what the
 /// consumer does next (split it, or wait for the dependency).
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ActionError {
     /// The orders database failed the statement.
     #[error(transparent)]
@@ -92,7 +93,7 @@ impl ActionError {
     }
 }
 
-/// Expires due orders. Every [`OrderStore`](crate::OrderStore) is one (the SQL action).
+/// Expires due orders. Every [`OrderStore`](crate::service::OrderStore) is one (the SQL action).
 pub trait Action: Send + Sync + 'static {
     /// Expires the order of every message, returning one [`ActionAnswer`] per
     /// message, in input order; or fails for the whole batch.
@@ -115,6 +116,7 @@ pub enum ConfiguredAction {
 
 /// The action cannot be built from the settings.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum BuildError {
     /// The database settings.
     #[error(transparent)]

@@ -131,6 +131,7 @@ type Observer = tokio::sync::mpsc::UnboundedSender<Handled>;
 
 /// The consumer cannot run at all (as opposed to a fault it waits out).
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ConsumerError {
     /// The topology settings are invalid.
     #[error(transparent)]

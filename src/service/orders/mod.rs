@@ -41,6 +41,7 @@ pub enum Disposition {
 
 /// The database could not answer; the caller keeps the messages and retries.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// No connection from the pool (the database is down, or every connection
     /// is busy for longer than `database.acquire_timeout_ms`).

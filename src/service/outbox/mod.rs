@@ -74,6 +74,7 @@ fn warn_if_slow(rows: usize, started: Instant, locked: Instant, published: Insta
 
 /// Why the relay cannot be built, or why a round failed (it is retried).
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum RelayError {
     /// The broker or ladder settings are invalid (at build time).
     #[error("outbox relay: {0}")]

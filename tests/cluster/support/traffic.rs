@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
-use order_expiry::{PgOrderStore, Scheduler};
+use order_expiry::{Scheduler, service::PgOrderStore};
 use order_expiry_testkit::{OrderRow, at_ms, message};
 use tokio_util::sync::CancellationToken;
 

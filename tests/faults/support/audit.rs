@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use order_expiry::{PgOrderStore, Scheduler};
+use order_expiry::{Scheduler, service::PgOrderStore};
 use order_expiry_testkit::OrderRow;
 use tokio_util::sync::CancellationToken;
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use lapin::options::BasicGetOptions;
-use order_expiry::{DueMessage, ExpiryMessage};
+use order_expiry::{publisher::DueMessage, publisher::ExpiryMessage};
 use order_expiry_testkit::{OrderRow, Served, message, vhost};
 use secrecy::ExposeSecret;
 use tokio_postgres::NoTls;

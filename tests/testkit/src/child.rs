@@ -8,7 +8,7 @@ use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use anyhow::bail;
-use order_expiry::{ENV_PREFIX, Settings};
+use order_expiry::{Settings, settings::ENV_PREFIX};
 use secrecy::ExposeSecret;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{ChildStdout, Command};

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use order_expiry::{
-    Action, ConfiguredAction, Consumer, Handled, PgOrderStore, Readiness, Settings,
+    Settings, service::Action, service::ConfiguredAction, service::Consumer, service::Handled,
+    service::PgOrderStore, service::Readiness,
 };
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;

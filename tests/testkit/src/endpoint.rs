@@ -14,7 +14,7 @@ use axum::body::Body;
 use axum::http::{Request as HttpRequest, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
-use order_expiry::PgOrderStore;
+use order_expiry::service::PgOrderStore;
 use tokio_util::sync::CancellationToken;
 
 /// One scripted answer.

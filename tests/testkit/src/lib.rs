@@ -47,14 +47,14 @@ pub use self::world::{OrderRow, TEST_LEVELS, World, WorldBuilder};
 pub fn message(
     order_id: &str,
     due_at: chrono::DateTime<chrono::Utc>,
-) -> order_expiry::ExpiryMessage {
+) -> order_expiry::publisher::ExpiryMessage {
     let order_id = order_expiry::OrderId::new(order_id).expect("a valid order id");
-    order_expiry::ExpiryMessage::new(order_id, due_at)
+    order_expiry::publisher::ExpiryMessage::new(order_id, due_at)
 }
 
 /// The v2 body of a bundle of `messages`: each entry its v1 object without
 /// `"v"`, as the publisher writes them.
-pub fn bundle(messages: &[order_expiry::ExpiryMessage]) -> Vec<u8> {
+pub fn bundle(messages: &[order_expiry::publisher::ExpiryMessage]) -> Vec<u8> {
     let orders: Vec<serde_json::Value> = messages
         .iter()
         .map(|m| {
@@ -74,6 +74,7 @@ pub fn bundle(messages: &[order_expiry::ExpiryMessage]) -> Vec<u8> {
 /// The order ids a due message carries: one for v1, each order of a v2
 /// bundle; panics on a body that is neither.
 pub fn order_ids(body: &[u8]) -> Vec<String> {
-    let decoded = order_expiry::DueMessage::decode(body, None, 1 << 20).expect("a due message");
+    let decoded =
+        order_expiry::publisher::DueMessage::decode(body, None, 1 << 20).expect("a due message");
     decoded.messages().map(|m| m.order_id.to_string()).collect()
 }

@@ -15,7 +15,9 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Confirmation, Connection};
-use order_expiry::{ExpiryMessage, PgOrderStore, Scheduler, Settings, Topology};
+use order_expiry::{
+    Scheduler, Settings, publisher::ExpiryMessage, service::PgOrderStore, topology::Topology,
+};
 use secrecy::{ExposeSecret, SecretString};
 use tokio::sync::Mutex;
 
@@ -152,7 +154,7 @@ impl WorldBuilder {
     /// Creates the schema and the orders table, then declares the topology.
     /// Nothing is left behind when it fails.
     pub async fn build(self) -> anyhow::Result<World> {
-        order_expiry::init_tracing_for_tests();
+        order_expiry::telemetry::init_tracing_for_tests();
         if self.test_services {
             services::ensure_test_vhost_and_database().await;
         }
@@ -208,7 +210,7 @@ impl World {
     }
 
     /// The world's ladder.
-    pub fn ladder(&self) -> order_expiry::Ladder {
+    pub fn ladder(&self) -> order_expiry::topology::Ladder {
         self.settings.ladder().expect("a valid ladder")
     }
 
