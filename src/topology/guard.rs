@@ -13,7 +13,13 @@
 //! lists them highest first, so even an apply interrupted midway made level
 //! `levels - 1` before level 0. A ladder whose level 0 exists and whose top
 //! level does not, or one with a level above the top, has another count.
+//!
+//! Each look is a passive declare, and the broker answers "absent" by closing
+//! the channel with 404, which lapin logs at ERROR. That answer is expected
+//! here, so the exchanges being looked for are listed in [`is_probe_miss`],
+//! and the service's log filter drops lapin's line for exactly those.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use lapin::Connection;
@@ -47,12 +53,52 @@ pub(super) async fn levels_on_broker(
     Ok(Some(MAX_LEVELS))
 }
 
+/// The exchanges a look is waiting on now.
+static PROBING: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Whether `log_text` (a lapin "Channel closed" event's fields) is the broker's
+/// 404 for an exchange a look is waiting on: the answer "absent", not a fault.
+#[cfg_attr(not(feature = "service"), allow(dead_code))]
+pub(crate) fn is_probe_miss(log_text: &str) -> bool {
+    let probing = PROBING
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    probing.iter().any(|name| {
+        log_text.contains("NOT_FOUND") && log_text.contains(&format!("no exchange '{name}'"))
+    })
+}
+
+/// One exchange listed in [`PROBING`] while its look lasts.
+struct Probing(String);
+
+impl Probing {
+    fn start(name: &str) -> Self {
+        let mut probing = PROBING
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        probing.push(name.to_owned());
+        Self(name.to_owned())
+    }
+}
+
+impl Drop for Probing {
+    fn drop(&mut self) {
+        let mut probing = PROBING
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(at) = probing.iter().position(|name| *name == self.0) {
+            probing.swap_remove(at);
+        }
+    }
+}
+
 /// A passive declare, on a channel of its own (a 404 closes the channel).
 async fn exchange_exists(
     connection: &Connection,
     name: String,
     timeout: Duration,
 ) -> Result<bool, BrokerError> {
+    let _probing = Probing::start(&name);
     let channel = amqp::bounded("channel.open", timeout, connection.create_channel()).await?;
     let options = ExchangeDeclareOptions {
         passive: true,

@@ -9,6 +9,7 @@ mod check;
 mod cli;
 mod definitions;
 mod delivery;
+mod demo;
 mod dependencies;
 mod deploy_users;
 mod docs;
