@@ -48,7 +48,13 @@ impl<A: Action> Session<'_, A> {
         if let Err(error) = self.send_acks(true).await {
             warn!(target: CONSUMER, %error, "acks at shutdown failed; those deliveries come back");
         }
-        let waiting: usize = self.failed.iter().chain(&self.split).map(Vec::len).sum();
+        let waiting: usize = self
+            .outage
+            .waiting()
+            .iter()
+            .chain(&self.split)
+            .map(Vec::len)
+            .sum();
         let released = self.ready.len() + self.held.len() + self.retrying.len() + waiting + failed;
         info!(target: CONSUMER, released, "drained");
     }

@@ -17,7 +17,6 @@
 
 use chrono::Utc;
 use lapin::options::BasicAckOptions;
-use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::acks::State;
@@ -38,7 +37,7 @@ impl<A: Action> Session<'_, A> {
         match self.record(done)? {
             None => {
                 self.worked = true;
-                self.retry_backoff.reset();
+                self.outage.on_success();
             }
             Some(failed) => self.on_failed(failed).await?,
         }
@@ -134,10 +133,7 @@ impl<A: Action> Session<'_, A> {
             FailureClass::Unavailable => {
                 warn!(target: CONSUMER, error = %error, orders = batch.len(),
                     "action unavailable; the batch waits and intake pauses");
-                self.failed.push(batch);
-                if self.retry_at.is_none() {
-                    self.retry_at = Some(Instant::now() + self.retry_backoff.next_delay());
-                }
+                self.outage.wait(batch);
             }
             _ if batch.len() > 1 => {
                 warn!(target: CONSUMER, error = %error, orders = batch.len(), ?class,
@@ -177,8 +173,7 @@ impl<A: Action> Session<'_, A> {
     /// The database is back (or may be): batches that waited for it run
     /// again first, each as it was.
     pub(super) fn on_retry_due(&mut self) {
-        self.retry_at = None;
-        for batch in std::mem::take(&mut self.failed).into_iter().rev() {
+        for batch in self.outage.end() {
             self.split.push_front(batch);
         }
     }

@@ -9,6 +9,8 @@
 //! - [`decide`]: after the payment check and the action: ack, retry, park or
 //!   send through the ladder again (the next check step; an order not found yet). Pure.
 //! - [`work`]: the unit of work (check, then the action) and what finished work reports.
+//! - [`outage`]: while the action is unavailable: the batches waiting for it
+//!   and when to try again; the one place that pauses intake.
 //! - [`outbound`]: a parked copy or a message sent through the ladder again,
 //!   confirmed, then the ack.
 //! - [`session`]: one connection's state and its per-event methods.
@@ -29,6 +31,7 @@ mod bundles;
 mod decide;
 mod drain;
 mod finished;
+mod outage;
 mod outbound;
 mod repair;
 mod session;

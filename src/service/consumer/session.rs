@@ -27,6 +27,7 @@ use tracing::{debug, info, warn};
 
 use super::acks::{AckTracker, State};
 use super::arrival::{Arrival, BundlePart, on_arrival};
+use super::outage::Outage;
 use super::outbound::{Original, Outbound, Republish};
 use super::work::{Done, Pending, delivery_span, expire_work};
 use super::{Consumer, Handled};
@@ -104,13 +105,9 @@ pub(super) struct Session<'a, A> {
     /// Single messages, parks and re-queues, each retried on its own timer.
     pub(super) retrying: DelayQueue<Retry>,
     pub(super) park_backoff: Backoff,
-    /// Batches the database could not take at all (unreachable), kept until
-    /// `retry_at`.
-    pub(super) failed: Vec<Vec<Pending>>,
-    /// While set, the database is unavailable: failed batches wait, no new
-    /// statement starts and no deliveries are taken.
-    pub(super) retry_at: Option<Instant>,
-    pub(super) retry_backoff: Backoff,
+    /// While the action is unavailable: the batches it could not take, and
+    /// when to try again (no new batch starts, no deliveries are taken).
+    pub(super) outage: Outage,
     /// Whether any work succeeded: the connection is good.
     pub(super) worked: bool,
     pub(super) started: Instant,
@@ -174,9 +171,7 @@ impl<'a, A: Action> Session<'a, A> {
             in_flight: FuturesUnordered::new(),
             retrying: DelayQueue::new(),
             park_backoff: Backoff::new(settings.retry_initial, settings.retry_max),
-            failed: Vec::new(),
-            retry_at: None,
-            retry_backoff: Backoff::new(settings.retry_initial, settings.retry_max),
+            outage: Outage::new(settings.retry_initial, settings.retry_max),
             worked: false,
             started: Instant::now(),
         })
@@ -205,7 +200,7 @@ impl<'a, A: Action> Session<'a, A> {
         let busy = !self.in_flight.is_empty();
         let holding = !self.held.is_empty();
         let retrying = !self.retrying.is_empty();
-        let retry_at = self.retry_at;
+        let retry_at = self.outage.retry_at();
         let (in_flight, held) = (&mut self.in_flight, &mut self.held);
         let (retries, deliveries) = (&mut self.retrying, &mut self.deliveries);
         tokio::select! {
@@ -226,7 +221,7 @@ impl<'a, A: Action> Session<'a, A> {
         let settings = &self.consumer.settings;
         let (batch_max, concurrency) =
             (settings.batch_max.max(1), settings.batch_concurrency.max(1));
-        while self.retry_at.is_none() && self.in_flight.len() < concurrency {
+        while !self.outage.is_on() && self.in_flight.len() < concurrency {
             let batch: Vec<Pending> = match self.split.pop_front() {
                 Some(part) => part,
                 None if self.ready.is_empty() => break,
