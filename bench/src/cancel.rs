@@ -83,7 +83,10 @@ async fn measure_in(world: &World, args: &CancelArgs) -> anyhow::Result<Vec<Canc
         .flat_map(|b| args.concurrency.iter().map(move |c| (b, c)))
         .enumerate()
     {
-        ensure!(batch > 0 && concurrency > 0, "batch sizes and concurrency start at 1");
+        ensure!(
+            batch > 0 && concurrency > 0,
+            "batch sizes and concurrency start at 1"
+        );
         let messages = orders(world, &store, round, args.orders).await?;
         rows.push(cancel_all(&store, &messages, batch, concurrency).await?);
     }
@@ -101,7 +104,10 @@ async fn orders(
     let ids: Vec<(String, chrono::DateTime<Utc>)> =
         (0..n).map(|i| (format!("c{round}-{i}"), due_at)).collect();
     for chunk in ids.chunks(10_000) {
-        world.insert_orders(chunk).await.context("creating orders")?;
+        world
+            .insert_orders(chunk)
+            .await
+            .context("creating orders")?;
     }
     let client = store.client().await?;
     client.batch_execute("ANALYZE orders").await?;
