@@ -4,6 +4,7 @@
 //! run in parallel in one binary. `docs` and `dependencies` need no services.
 
 mod actions;
+mod broker_versions;
 mod bundles;
 mod check;
 mod cli;

@@ -1,6 +1,7 @@
 //! The one test fixture of order-expiry, shared by `tests/integration`,
 //! `tests/faults` and the benchmarks (`bench/`): dev-only, never published.
 //!
+//! - [`broker`]: [`broker_version`]: which RabbitMQ the tests talk to.
 //! - [`services`]: where the test broker and database are (environment
 //!   overrides such as `ORDER_EXPIRY_TEST_AMQP_PORT`), and small helpers.
 //! - [`world`]: [`World`]: an isolated topology prefix and PostgreSQL schema,
@@ -21,6 +22,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_debug_implementations, unreachable_pub, missing_docs)]
 
+pub mod broker;
 pub mod child;
 pub mod consumer;
 pub mod endpoint;
@@ -31,6 +33,7 @@ pub mod services;
 pub mod tls_front;
 pub mod world;
 
+pub use self::broker::{BrokerVersion, broker_version};
 pub use self::child::{Child, Launch, settings_env};
 pub use self::consumer::RunningConsumer;
 pub use self::endpoint::{Endpoint, Reply, Request};
