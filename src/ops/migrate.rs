@@ -25,8 +25,7 @@
 
 use std::time::{Duration, Instant};
 
-use lapin::options::{ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions};
-use lapin::types::FieldTable;
+use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
 use secrecy::SecretString;
 
 use super::admin::{Admin, OpsError};
@@ -189,36 +188,11 @@ impl LadderMigration {
     }
 
     /// Whether the old ladder's connection reaches the current broker and
-    /// vhost: an exclusive queue declared on the current one is looked for
-    /// on the old one (there it exists, locked, or not at all).
+    /// vhost: always without `--from-url`, else asked of the brokers.
     async fn same_broker(&mut self) -> Result<bool, OpsError> {
-        if self.from_url.is_none() {
-            return Ok(true);
-        }
-        let probe = format!("order-expiry.migrate-probe.{}", uuid::Uuid::new_v4());
-        let channel = self.target.own_channel().await?;
-        let exclusive = QueueDeclareOptions {
-            exclusive: true,
-            auto_delete: true,
-            ..QueueDeclareOptions::default()
-        };
-        let declaring =
-            channel.queue_declare(probe.as_str().into(), exclusive, FieldTable::default());
-        let timeout = self.target.timeout;
-        amqp::bounded(format!("declaring {probe}"), timeout, declaring).await?;
-        let seen = self.source.queue(&probe).await;
-        let _ = amqp::bounded(
-            "channel.close",
-            timeout,
-            channel.close(200, "probed".into()),
-        )
-        .await;
-        match seen {
-            Ok(None) => Ok(false),
-            Ok(Some(_)) => Ok(true),
-            // RESOURCE_LOCKED: the exclusive queue is there, on this broker.
-            Err(OpsError::Broker(amqp::BrokerError::Failed { .. })) => Ok(true),
-            Err(error) => Err(error),
+        match self.from_url {
+            None => Ok(true),
+            Some(_) => self.target.reached_by(&mut self.source).await,
         }
     }
 
