@@ -27,9 +27,9 @@ use super::republish::{Republisher, taken};
 use crate::amqp::{self, BrokerError};
 
 /// Messages taken from an old queue and not yet confirmed in the new broker:
-/// the prefetch and the confirm window. 1,024 keeps both brokers busy on a
-/// 2-core machine (about 3 ms of work at 5,000 messages/s on each side is
-/// never waited for) while a crash returns at most this many as duplicates.
+/// the prefetch and the confirm window. Both brokers stay busy (the move is
+/// paced by them, not by round trips), and a crash returns at most this many
+/// as duplicates.
 pub(crate) const WINDOW: u16 = 1024;
 
 /// With fewer messages than the queue reported (another consumer, the old
@@ -160,34 +160,34 @@ impl QueueDrain<'_> {
             Carry::Parked => None,
         };
         let parked = republisher.ladder.parked_exchange();
-        let (exchange, what, moved, sending) = match decoded {
+        let timeout = republisher.timeout;
+        let (exchange, what, moved, confirm) = match decoded {
             Some(Ok(messages)) => {
                 let (outgoing, what) = republisher.outgoing(&delivery, &messages)?;
                 let moved = match outgoing.route.exchange == republisher.ladder.due_exchange() {
                     true => Moved::Due,
                     false => Moved::Ladder,
                 };
-                let sending = outgoing.send(&republisher.confirm).await;
-                (outgoing.route.exchange, what, moved, sending)
+                let sending = outgoing.send(&republisher.confirm);
+                let confirm = amqp::bounded("basic.publish", timeout, sending).await?;
+                (outgoing.route.exchange, what, moved, confirm)
             }
             Some(Err(malformed)) => {
                 let reason = format!("ladder migrate from {queue}: {malformed}");
                 let properties = parked_properties(&delivery, &reason);
-                let sending = self.publish_raw(&parked, &delivery.data, properties).await;
+                let sending = self.publish_raw(&parked, &delivery.data, properties);
+                let confirm = amqp::bounded("basic.publish", timeout, sending).await?;
                 let what = format!("a malformed message from {queue}, to {parked}");
-                (parked, what, Moved::Malformed, sending)
+                (parked, what, Moved::Malformed, confirm)
             }
             None => {
                 let properties = delivery.properties.clone();
-                let sending = self.publish_raw(&parked, &delivery.data, properties).await;
+                let sending = self.publish_raw(&parked, &delivery.data, properties);
+                let confirm = amqp::bounded("basic.publish", timeout, sending).await?;
                 let what = format!("a parked message from {queue}, to {parked}");
-                (parked, what, Moved::Parked, sending)
+                (parked, what, Moved::Parked, confirm)
             }
         };
-        let confirm = sending.map_err(|source| BrokerError::Failed {
-            what: format!("basic.publish to {exchange}").into(),
-            source,
-        })?;
         Ok(InFlight {
             tag: delivery.delivery_tag,
             confirm,

@@ -16,7 +16,8 @@ use chrono::{DateTime, TimeDelta, Utc};
 use lapin::BasicProperties;
 use order_expiry::Settings;
 use order_expiry_testkit::{
-    Launch, OrderRow, Served, World, amqp_port, amqp_url, number_after, number_before,
+    Launch, OrderRow, Served, World, amqp_port, amqp_url, blue_amqp_port, number_after,
+    number_before,
 };
 use rand::Rng;
 
@@ -27,13 +28,6 @@ const POISON: usize = 3;
 /// of its deadline: holds on a busy 2-core machine running both brokers.
 const LATE_BOUND: Duration = Duration::from_secs(5);
 const BINARY: &str = env!("CARGO_BIN_EXE_order-expiry");
-
-fn blue_port() -> u16 {
-    std::env::var("ORDER_EXPIRY_TEST_BLUE_AMQP_PORT")
-        .ok()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(5672)
-}
 
 /// `order-expiry ladder migrate ARGS` with `settings` (green's); (exit code,
 /// stdout and stderr).
@@ -92,7 +86,7 @@ async fn settled_cancels(served: &Served) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blue_green_broker_move_loses_nothing_and_cancels_each_order_once() {
-    let blue_port = blue_port();
+    let blue_port = blue_amqp_port();
     if blue_port == amqp_port() {
         eprintln!(
             "skipped: the blue broker (ORDER_EXPIRY_TEST_BLUE_AMQP_PORT={blue_port}) is the test's broker; \

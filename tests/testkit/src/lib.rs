@@ -37,8 +37,8 @@ pub use self::endpoint::{Endpoint, Reply, Request};
 pub use self::proxy::Proxy;
 pub use self::served::{ReadyWatch, Served, http_get, metric_value};
 pub use self::services::{
-    amqp_port, amqp_url, amqp_url_on, at_ms, database, database_url, free_port, rabbitmqctl, vhost,
-    with_search_path,
+    amqp_port, amqp_url, amqp_url_on, at_ms, blue_amqp_port, database, database_url, free_port,
+    rabbitmqctl, vhost, with_search_path,
 };
 pub use self::tls_front::TlsFront;
 pub use self::world::{OrderRow, TEST_LEVELS, World, WorldBuilder};
