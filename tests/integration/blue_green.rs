@@ -113,12 +113,13 @@ async fn a_blue_green_broker_move_loses_nothing_and_cancels_each_order_once() {
     green.amqp.url = amqp_url().into();
     green_world.declare(&green).await.expect("green topology");
 
-    // Orders due 5-60 s from now: every 10th paid, every 10th (another) extended.
+    // Orders due 2-60 s from now (the move starts a few seconds in, and some
+    // fall due during it): every 10th paid, every 10th (another) extended.
     let now = Utc::now();
     let mut rng = rand::rng();
     let orders: Vec<(String, DateTime<Utc>)> = (0..ORDERS)
         .map(|i| {
-            let due = now + TimeDelta::milliseconds(rng.random_range(5_000..60_000));
+            let due = now + TimeDelta::milliseconds(rng.random_range(2_000..60_000));
             (format!("bg-{i:05}"), due)
         })
         .collect();
@@ -211,6 +212,18 @@ async fn a_blue_green_broker_move_loses_nothing_and_cancels_each_order_once() {
     // Blue drained (what its serve released) and retired.
     let (ok, out) = migrate(&green, &["--from-url", &blue_url, "--delete-old"], "drain").await;
     assert!(ok && out.contains("deleted"), "{out}");
+    let ladder = blue.ladder();
+    for queue in [ladder.due_queue(), ladder.level_name(0)] {
+        let passive = lapin::options::QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let channel = blue.open_channel().await;
+        let left = channel
+            .queue_declare(queue.as_str().into(), passive, Default::default())
+            .await;
+        assert!(left.is_err(), "{queue} is still on blue after the drain");
+    }
 
     let unpaid = (ORDERS as u64 - paid - extended) as usize;
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -273,6 +286,7 @@ async fn a_blue_green_broker_move_loses_nothing_and_cancels_each_order_once() {
         parked_queue, POISON,
         "blue's parked messages in green's parked queue"
     );
+    assert!(!during.is_empty(), "no order fell due during the move");
     assert!(max_late <= LATE_BOUND, "{max_late:?} late");
     assert!(max_late_during <= LATE_BOUND, "{max_late_during:?} late");
 
