@@ -10,6 +10,7 @@ Nothing here touches the network or Docker.
 - dockerfile: deploy/Dockerfile and .dockerignore.
 - kubernetes: deploy/kubernetes/*.
 - grafana: the dashboard's structure and the broker metrics it queries.
+- versions: the RabbitMQ release line compose and Kubernetes pin (the tested one).
 
 What compares the artifacts with the Rust code lives in Rust tests instead:
 the book's metrics catalog (docs/src/operating/metrics.md) and the dashboard's order_expiry_* queries

@@ -3,7 +3,7 @@
 import sys
 import traceback
 
-from . import common, compose, dockerfile, grafana, kubernetes, rabbitmq  # noqa: F401 (registers checks)
+from . import common, compose, dockerfile, grafana, kubernetes, rabbitmq, versions  # noqa: F401 (registers checks)
 
 
 def main() -> int:

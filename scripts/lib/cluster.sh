@@ -1,71 +1,103 @@
 #!/usr/bin/env bash
-# A local three-node RabbitMQ 4.0.x cluster on this one host, in the same
-# trixie chroot as scripts/lib/rabbitmq4.sh (made there on first use, ~3 min
-# at most), beside the system 3.10 node (5672) and the single 4.0 node (5673).
+# A local three-node RabbitMQ cluster on this one host, in the chroot of
+# scripts/lib/rabbitmq4.sh (made there on first use), beside the system 3.10
+# node (5672) and the single 4.x nodes (5673, 5674). ORDER_EXPIRY_RMQ4_SUITE
+# picks the broker, as for rabbitmq4.sh; each suite's cluster has its own names
+# and ports, so the two could run side by side:
 #
-#   node  name                 AMQP             distribution
-#   1     rabbit4c1@localhost  127.0.0.1:5691   25691
-#   2     rabbit4c2@localhost  127.0.0.1:5692   25692
-#   3     rabbit4c3@localhost  127.0.0.1:5693   25693
+#   suite            RabbitMQ        node N (1-3)          AMQP       distribution
+#   forky (or sid)   4.3.x, Khepri   rabbit43cN@localhost  5695-5697  25695-25697
+#   trixie (default) 4.0.x, Mnesia   rabbit4cN@localhost   5691-5693  25691-25693
 #
-# Same Erlang cookie and epmd (127.0.0.1:4370) as the single 4.0 node, its own
-# data under /srv/order-expiry/rabbit4cN in the chroot; +S 1:1 and a 1 GB
-# absolute memory watermark per node (see rabbitmq4.sh).
+# scripts/test runs the cluster stage on forky (4.3). Same Erlang cookie and
+# epmd as the suite's single node (4370 trixie, 4371 forky), its own data under
+# /srv/order-expiry/NAME in the chroot; +S 1:1 and a 1 GB absolute memory
+# watermark per node (see rabbitmq4.sh).
+#
+# Khepri (4.3: the only metadata store, a Raft cluster of the three nodes)
+# changes less here than one might fear; measured on 4.3.6 on 2026-12-02:
+# - Forming is as with Mnesia: start three nodes, then on 2 and 3 stop_app,
+#   reset, join_cluster rabbit43c1@localhost, start_app. `up` takes 46-58 s
+#   (4.0: ~20 s).
+# - stop N / kill -9 N with the other two running: the two keep their
+#   majority; `start N` boots it from its data dir and it catches up, 27-28 s
+#   (no join: it is still a member; no forget_cluster_node either, which only
+#   a node removed for good would need, from a node of the majority).
+# - After a full stop the three must come back together (as with Mnesia, for
+#   another reason): a node booting alone waits for a Khepri leader, which
+#   needs a second member. Measured: `start 1` after `down` was not up after
+#   90 s; `start 2` then had both up 12 s later. `up` starts all three at once.
+# - Without a majority (one node of three) declares, bindings and policies
+#   time out; so does every confirm for a quorum queue (tests/cluster,
+#   minority.rs).
 #
 # As a command:
-#   scripts/lib/cluster.sh up            start the three nodes (together: a stopped
-#                                        Mnesia cluster needs its peers to boot), join
-#                                        2 and 3 to 1 when not yet members, enable all
-#                                        feature flags, wait for 3 running nodes
+#   scripts/lib/cluster.sh up            start the three nodes (together), join 2 and
+#                                        3 to 1 when not yet members, enable all
+#                                        feature flags, wait for 3 running nodes;
+#                                        a paused node is continued first
 #   scripts/lib/cluster.sh down          graceful stop of all three (data kept); the
-#                                        chroot's /proc is unmounted when no 4.0 node runs
+#                                        chroot's /proc is unmounted when no node of
+#                                        that chroot runs
 #   scripts/lib/cluster.sh status        each node's state, pid, RSS; cluster_status
-#   scripts/lib/cluster.sh ctl N ARGS... rabbitmqctl -n rabbit4cN@localhost ARGS...;
+#   scripts/lib/cluster.sh ctl N ARGS... rabbitmqctl -n NODE_N ARGS...;
 #                                        ctl N queues|diagnostics|... ARGS... as rabbitmq4.sh
 #   scripts/lib/cluster.sh kill N        kill -9 of node N's beam only
+#   scripts/lib/cluster.sh pause N       SIGSTOP of node N's beam only (found as for
+#                                        kill): hung, not dead; its sockets stay open
+#   scripts/lib/cluster.sh resume N      SIGCONT of it
 #   scripts/lib/cluster.sh stop N        graceful stop of node N (rabbitmqctl stop: the
-#                                        whole node, not just the app)
+#                                        whole node, not just the app); continued first
+#                                        if paused
 #   scripts/lib/cluster.sh start N       bring node N back; it rejoins from its data dir
 #                                        (joined afresh if its data was wiped). With both
-#                                        other nodes down, use `up` instead: a node that
-#                                        was not the last to stop waits for its peers
+#                                        other nodes down, use `up` instead (see above)
 #   scripts/lib/cluster.sh wipe          down, then delete the three nodes' data
 #   scripts/lib/cluster.sh env           print CLUSTER_* for eval
 #
 # Sourced: defines cluster_up, cluster_down, cluster_status, cluster_ctl N ...,
-# cluster_kill N, cluster_stop N, cluster_start N, cluster_wipe, cluster_pid N,
-# and CLUSTER_NODES (array of node names), CLUSTER_PORTS (AMQP ports),
-# CLUSTER_URLS (amqp://guest:guest@127.0.0.1:569N/%2f). Like rabbitmq4.sh it
+# cluster_kill N, cluster_pause N, cluster_resume N, cluster_stop N,
+# cluster_start N, cluster_wipe, cluster_pid N, and CLUSTER_NAME (rabbit43c or
+# rabbit4c), CLUSTER_NODES (array of node names), CLUSTER_PORTS (AMQP ports),
+# CLUSTER_URLS (amqp://guest:guest@127.0.0.1:PORT/%2f). Like rabbitmq4.sh it
 # changes no shell option of the caller and calls `die` (exit) on failure.
 #
 # Quorum queue placement: a quorum queue declared through node N gets its
 # leader on N by default (queue_leader_locator client-local).
 # x-queue-leader-locator = balanced (or the queue_leader_locator policy key /
 # config setting) spreads leaders over the members instead; it is supported
-# since RabbitMQ 3.10 (client-local | balanced) and works on this 4.0.5:
+# since RabbitMQ 3.10 (client-local | balanced) and works on 4.0.5 and 4.3.6:
 # six quorum queues declared through node 1 with it got leaders 2/2/2 on the
 # three nodes, while six without it all had their leader on node 1.
 
 _cluster_lib_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=scripts/lib/rabbitmq4.sh
 source "$_cluster_lib_dir/rabbitmq4.sh"
-# The names and ports below are the 4.0 cluster's: a 4.3 one (forky/sid
-# chroot) would need its own before it could run beside it. Not done yet.
-[[ $RMQ4_SUITE == trixie ]] || die "scripts/lib/cluster.sh runs on the trixie (RabbitMQ 4.0) chroot only, not ORDER_EXPIRY_RMQ4_SUITE=$RMQ4_SUITE"
-
-CLUSTER_NODES=(rabbit4c1@localhost rabbit4c2@localhost rabbit4c3@localhost)
-CLUSTER_PORTS=(5691 5692 5693)
-CLUSTER_DIST_PORTS=(25691 25692 25693)
+# Each suite's cluster has its own names and ports, so the 4.0 and the 4.3
+# cluster could run side by side (each in its own chroot, own epmd, cookie).
+case $RMQ4_SUITE in
+  trixie)
+    CLUSTER_NAME=rabbit4c
+    CLUSTER_PORTS=(5691 5692 5693)
+    CLUSTER_DIST_PORTS=(25691 25692 25693)
+    ;;
+  *)
+    CLUSTER_NAME=rabbit43c
+    CLUSTER_PORTS=(5695 5696 5697)
+    CLUSTER_DIST_PORTS=(25695 25696 25697)
+    ;;
+esac
+CLUSTER_NODES=("${CLUSTER_NAME}1@localhost" "${CLUSTER_NAME}2@localhost" "${CLUSTER_NAME}3@localhost")
 CLUSTER_URLS=(
-  "amqp://guest:guest@127.0.0.1:5691/%2f"
-  "amqp://guest:guest@127.0.0.1:5692/%2f"
-  "amqp://guest:guest@127.0.0.1:5693/%2f"
+  "amqp://guest:guest@127.0.0.1:${CLUSTER_PORTS[0]}/%2f"
+  "amqp://guest:guest@127.0.0.1:${CLUSTER_PORTS[1]}/%2f"
+  "amqp://guest:guest@127.0.0.1:${CLUSTER_PORTS[2]}/%2f"
 )
 
 # _cluster_node N: sets _name, _amqp, _dist for node N (1..3).
 _cluster_node() {
   [[ "${1:-}" =~ ^[123]$ ]] || die "cluster node must be 1, 2 or 3, not '${1:-}'"
-  _name=rabbit4c$1
+  _name=$CLUSTER_NAME$1
   _amqp=${CLUSTER_PORTS[$1 - 1]}
   _dist=${CLUSTER_DIST_PORTS[$1 - 1]}
 }
@@ -128,6 +160,7 @@ _cluster_wait_running() {
 cluster_up() {
   local t0=$SECONDS n _name _amqp _dist
   rmq4_prepare
+  _cluster_resume_paused
   # All three at once: after a full stop each node waits for its peers' tables.
   for n in 1 2 3; do
     _cluster_node "$n"
@@ -141,13 +174,14 @@ cluster_up() {
   _cluster_join 3
   _cluster_wait_running 3
   cluster_ctl 1 -q enable_feature_flag all >/dev/null || die "cluster: enable_feature_flag all failed"
-  log "cluster up: 3 running nodes on 5691-5693 ($((SECONDS - t0)) s)"
+  log "cluster up: 3 running RabbitMQ $RMQ4_LABEL nodes on ${CLUSTER_PORTS[0]}-${CLUSTER_PORTS[2]} ($((SECONDS - t0)) s)"
 }
 
 cluster_start() {
   local n=${1:-} t0=$SECONDS _name _amqp _dist running
   _cluster_node "$n"
   rmq4_prepare
+  if cluster_pid "$n" >/dev/null; then cluster_resume "$n"; fi
   rmq4_node_ensure_launched "$_name" "$_amqp" "$_dist"
   rmq4_node_wait "$_name" "$_amqp"
   if [[ "$n" != 1 ]] && cluster_pid 1 >/dev/null; then
@@ -163,8 +197,11 @@ cluster_start() {
 }
 
 cluster_stop() {
-  local _name _amqp _dist
+  local _name _amqp _dist pid
   _cluster_node "${1:-}"
+  if pid=$(rmq4_node_pid "$_name") && [[ "$(_cluster_proc_state "$pid")" == T ]]; then
+    cluster_resume "$1"
+  fi
   rmq4_node_stop "$_name"
 }
 
@@ -172,6 +209,53 @@ cluster_kill() {
   local _name _amqp _dist
   _cluster_node "${1:-}"
   rmq4_node_kill "$_name"
+}
+
+# SIGSTOP of node N's beam only (found and verified as for kill): a hung node,
+# not a dead one. Its sockets stay open, the kernel still completes TCP
+# handshakes on its ports, and nothing answers: no AMQP, no distribution
+# traffic (its peers see it go only after net_ticktime, 60 s by default), no
+# CLI. The beam's helper processes (erl_child_setup, inet_gethost) are left
+# alone; they do nothing without it.
+cluster_pause() {
+  local _name _amqp _dist pid
+  _cluster_node "${1:-}"
+  pid=$(rmq4_node_pid "$_name") || die "$_name@localhost is not running: nothing to pause"
+  log "SIGSTOP $_name@localhost (pid $pid)"
+  kill -STOP "$pid" || die "cannot stop $pid"
+  local t0=$SECONDS
+  until [[ "$(_cluster_proc_state "$pid")" == T ]]; do
+    [[ $((SECONDS - t0)) -lt 10 ]] || die "$_name@localhost (pid $pid) did not stop"
+    sleep 0.05
+  done
+}
+
+# SIGCONT of node N's beam (a no-op on a running node).
+cluster_resume() {
+  local _name _amqp _dist pid
+  _cluster_node "${1:-}"
+  pid=$(rmq4_node_pid "$_name") || die "$_name@localhost is not running: nothing to resume"
+  [[ "$(_cluster_proc_state "$pid")" == T ]] && log "SIGCONT $_name@localhost (pid $pid)"
+  kill -CONT "$pid" || die "cannot continue $pid"
+}
+
+# The state letter of PID (R, S, T, ...), from /proc/PID/stat.
+_cluster_proc_state() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+  stat=${stat##*) }
+  echo "${stat%% *}"
+}
+
+# Resumes every paused node: a paused node answers nothing, so neither a
+# start, a graceful stop nor a CLI call would ever return.
+_cluster_resume_paused() {
+  local n pid
+  for n in 1 2 3; do
+    pid=$(cluster_pid "$n") || continue
+    [[ "$(_cluster_proc_state "$pid")" == T ]] && cluster_resume "$n"
+  done
+  return 0
 }
 
 cluster_down() {
@@ -185,8 +269,8 @@ cluster_wipe() {
   local n
   cluster_down
   for n in 1 2 3; do
-    log "deleting the data of rabbit4c$n@localhost"
-    rm -rf --one-file-system "${RMQ4_ROOT:?}$RMQ4_DATA/rabbit4c$n"
+    log "deleting the data of ${CLUSTER_NODES[$n - 1]}"
+    rm -rf --one-file-system "${RMQ4_ROOT:?}$RMQ4_DATA/$CLUSTER_NAME$n"
   done
 }
 
@@ -227,6 +311,8 @@ _cluster_main() {
     start) cluster_start "${1:-}" ;;
     stop) cluster_stop "${1:-}" ;;
     pid) cluster_pid "${1:-}" ;;
+    pause) cluster_pause "${1:-}" ;;
+    resume) cluster_resume "${1:-}" ;;
     wipe) cluster_wipe ;;
     env) cluster_env ;;
     *)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Boots the broker configuration that docker-compose.yml deploys on a real
-# RabbitMQ 4.0 node (4.3 with ORDER_EXPIRY_RMQ4_SUITE=forky: ports 5704,
-# 25704, 15704, 15705 below instead), and checks that it does what the files promise. Docker
+# RabbitMQ 4.3 node, the version compose and the RabbitmqCluster pin
+# (ORDER_EXPIRY_RMQ4_SUITE, default forky here; trixie boots it on 4.0 by
+# hand, ports 5694, 25694, 15694, 15695 below instead of 5704, 25704, 15704,
+# 15705), and checks that it does what the files promise. Docker
 # cannot run here, so scripts/check-deploy can only read these files; this
 # runs them:
 #   deploy/rabbitmq.conf, deploy/enabled_plugins, deploy/rabbitmq/advanced.config,
@@ -9,8 +11,8 @@
 #   file-name order, as compose mounts them).
 #
 # The node rabbit4deploy@localhost runs in the chroot of scripts/lib/rabbitmq4.sh
-# with those files unchanged but for the ports (AMQP 5694, management 15694,
-# Prometheus 15695: the system and 4.0 test nodes own the defaults), the
+# with those files unchanged but for the ports (AMQP 5704, management 15704,
+# Prometheus 15705 on 4.3: the system and 4.x test nodes own the defaults), the
 # definitions directory's path, and logging to a file. Its data is wiped before
 # and after, so every boot is a first boot, as `docker compose up` on a new
 # volume is.
@@ -19,7 +21,9 @@
 #   - the node boots with the files; the management and Prometheus plugins run;
 #   - advanced.config: dead_letter_worker_publisher_confirm_timeout is 5000;
 #   - definitions.json: every queue it names exists, as quorum, in vhost
-#     order-expiry; the delivery-limit policy applies to the due and parked queues;
+#     order-expiry, with exactly the arguments the file declares (dead-letter
+#     exchange and strategy, TTL, overflow, leader locator, group size); the
+#     delivery-limit policy applies to the due and parked queues;
 #   - the dev users log in with their documented passwords: the publisher
 #     schedules an order through the ladder, and it reaches the due queue no
 #     earlier than its delay; the consumer reads the parked queue;
@@ -31,6 +35,7 @@
 #                                           target/debug/order-expiry, built if missing)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+export ORDER_EXPIRY_RMQ4_SUITE=${ORDER_EXPIRY_RMQ4_SUITE:-forky}
 # shellcheck source=scripts/lib/rabbitmq4.sh
 source scripts/lib/rabbitmq4.sh
 
@@ -40,7 +45,7 @@ dist=25694
 mgmt=15694
 prom=15695
 # On the RabbitMQ 4.3 chroot (ORDER_EXPIRY_RMQ4_SUITE=forky or sid): ports of
-# its own, so that it can run beside the 4.0 check.
+# its own, so that it can run beside a 4.0 check.
 if [[ $RMQ4_SUITE != trixie ]]; then
   amqp=5704
   dist=25704
@@ -117,7 +122,28 @@ check_definitions() {
     grep -q "^$queue[[:space:]]*quorum[[:space:]]*orders.delivery-limit" <<<"$have" ||
       fail "definitions.json: policy orders.delivery-limit does not apply to $queue: $(grep "^$queue" <<<"$have")"
   done
-  ok "definitions.json: $(wc -w <<<"$want") quorum queues in vhost $vhost; orders.delivery-limit on due and parked"
+  check_queue_arguments
+  ok "definitions.json: $(wc -w <<<"$want") quorum queues in vhost $vhost, each with its declared arguments; orders.delivery-limit on due and parked"
+}
+
+# Every imported queue carries exactly the arguments definitions.json gives
+# it: an import that dropped or changed one (a TTL, the dead-letter target or
+# strategy, the leader locator) would still list the queue as quorum.
+check_queue_arguments() {
+  local listed diff
+  listed=$(ctl -q list_queues -p "$vhost" name arguments --formatter json) ||
+    fail "list_queues name arguments failed"
+  diff=$(python3 -c '
+import json, sys
+declared = {q["name"]: q["arguments"] for q in json.load(open("definitions.json"))["queues"]}
+# rabbitmqctl lists each argument as a [name, type, value] triple.
+listed = {q["name"]: {a[0]: a[2] for a in q["arguments"]} for q in json.loads(sys.argv[1])}
+for name, arguments in sorted(declared.items()):
+    got = listed.get(name)
+    if got != arguments:
+        print(f"{name}: declared {json.dumps(arguments, sort_keys=True)}, imported {json.dumps(got, sort_keys=True)}")
+' "$listed") || fail "cannot compare the queues' arguments"
+  [[ -z $diff ]] || fail "definitions.json: queues imported with other arguments:"$'\n'"$diff"
 }
 
 # The publisher schedules one order with a 3 s delay. The ladder counts whole
@@ -159,7 +185,7 @@ check_users() {
 # 5 s by default): up to 20 s.
 check_metrics() {
   local t0=$SECONDS
-  until curl -fsS "http://127.0.0.1:$prom/metrics" | grep -q 'queue="orders.due"'; do
+  until curl -fsS "http://127.0.0.1:$prom/metrics" | grep -c 'queue="orders.due"' >/dev/null; do
     [[ $((SECONDS - t0)) -lt 20 ]] ||
       fail "Prometheus /metrics on $prom has no series for queue orders.due (prometheus.return_per_object_metrics)"
     sleep 1

@@ -130,6 +130,32 @@ impl Admin {
         }
     }
 
+    /// Whether `other` is connected to this broker and vhost: a queue
+    /// exclusive to this connection is looked for through `other`, where it
+    /// is missing (another broker or vhost), or there and locked.
+    pub(crate) async fn reached_by(&self, other: &mut Admin) -> Result<bool, OpsError> {
+        let probe = format!("order-expiry.probe.{}", uuid::Uuid::new_v4());
+        let channel = self.own_channel().await?;
+        let exclusive = QueueDeclareOptions {
+            exclusive: true,
+            auto_delete: true,
+            ..QueueDeclareOptions::default()
+        };
+        let declaring =
+            channel.queue_declare(probe.as_str().into(), exclusive, FieldTable::default());
+        amqp::bounded(format!("declaring {probe}"), self.timeout, declaring).await?;
+        let seen = other.queue(&probe).await;
+        let closing = channel.close(200, "probed".into());
+        let _ = amqp::bounded("channel.close", self.timeout, closing).await;
+        match seen {
+            Ok(None) => Ok(false),
+            Ok(Some(_)) => Ok(true),
+            // RESOURCE_LOCKED: there, exclusive to this connection.
+            Err(OpsError::Broker(BrokerError::Failed { .. })) => Ok(true),
+            Err(error) => Err(error),
+        }
+    }
+
     /// Closes the connection.
     pub(crate) async fn close(self) {
         let closing = self.connection.close(200, "done".into());

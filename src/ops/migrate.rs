@@ -1,34 +1,38 @@
 //! `order-expiry ladder migrate`: moves every message in flight from an old
-//! ladder (another prefix, and with it any number of levels) into the current
-//! one, with the time left until its `due_at`.
+//! ladder (another prefix, and with it any number of levels, or another
+//! broker: `--from-url`) into the current one, with the time left until its
+//! `due_at`.
 //!
 //! The old ladder keeps expiring messages while this runs: a message moves
 //! down its levels and out into the old due queue. So each pass takes every
-//! old holding queue, highest level first, and then the old due queue, and
-//! the passes repeat until they all are empty twice in a row, a second apart
-//! (a message being dead-lettered between two queues is briefly in neither).
-//! Each message is published into the current ladder, confirmed, and only
-//! then acked in the old one ([`Republisher`]): an interruption leaves a
-//! duplicate, never a loss, and the consumer holds an early arrival until
-//! `due_at`, so nothing is cancelled early. A body that is not a message is
-//! copied to the current parked queue with its reason, then acked.
+//! old holding queue, highest level first, then the old due queue (and from
+//! another broker, its parked queue), and the passes repeat until they all
+//! are empty twice in a row, a second apart (a message being dead-lettered
+//! between two queues is briefly in neither). Each queue is drained with a
+//! consumer and a window of publisher confirms ([`QueueDrain`]); each message
+//! is published into the current ladder, confirmed, and only then acked in
+//! the old one: an interruption leaves a duplicate, never a loss, and the
+//! consumer holds an early arrival until `due_at`, so nothing is cancelled
+//! early. A body that is not a message is copied to the current parked queue
+//! with its reason, then acked.
 //!
-//! The old and the current ladder must not share a prefix: with one prefix
-//! they share exchange names, and `topology apply` with another level count
-//! binds each shared exchange a second time for keys of another length.
+//! On one broker the old and the current ladder must not share a prefix:
+//! with one prefix they share exchange names, and `topology apply` with
+//! another level count binds each shared exchange a second time for keys of
+//! another length. On another broker they may: whether `--from-url` reaches
+//! the same broker and vhost is asked of the brokers (a queue declared on one
+//! and looked for on the other), never guessed from the URLs.
 
 use std::time::{Duration, Instant};
 
-use lapin::options::{
-    BasicGetOptions, BasicPublishOptions, ExchangeDeleteOptions, QueueDeleteOptions,
-};
-use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, Confirmation};
+use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
+use secrecy::SecretString;
 
 use super::admin::{Admin, OpsError};
-use super::republish::{Republisher, ack};
+use super::drain::{Carry, QueueDrain};
+use super::republish::Republisher;
 use crate::amqp;
-use crate::settings::Settings;
+use crate::settings::{Settings, redact_url};
 use crate::topology::Ladder;
 
 /// What a migration did (or, dry, would find).
@@ -43,6 +47,9 @@ pub struct MigrationReport {
     pub to_due: u64,
     /// Not messages: copied to the current parked queue.
     pub parked: u64,
+    /// From another broker's parked queue into the current parked queue,
+    /// headers kept.
+    pub parked_moved: u64,
     /// Passes over the old queues.
     pub passes: u32,
     /// How long it took.
@@ -57,11 +64,26 @@ impl MigrationReport {
             .map(|(_, n)| u64::from(n.unwrap_or(0)))
             .sum()
     }
+
+    /// Messages moved, whichever way.
+    pub fn moved(&self) -> u64 {
+        self.to_ladder + self.to_due + self.parked + self.parked_moved
+    }
+
+    /// Messages moved per second.
+    pub fn rate(&self) -> f64 {
+        self.moved() as f64 / self.elapsed.as_secs_f64().max(1e-3)
+    }
 }
 
 /// A migration from `from` into the ladder of the settings it was opened with.
 pub struct LadderMigration {
-    admin: Admin,
+    /// The current broker.
+    target: Admin,
+    /// The old ladder's broker: the current one again without `--from-url`.
+    source: Admin,
+    /// The old broker's URL, password redacted, when it is another one.
+    from_url: Option<String>,
     from: Ladder,
     settings: Settings,
 }
@@ -70,6 +92,7 @@ impl std::fmt::Debug for LadderMigration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LadderMigration")
             .field("from", &self.from)
+            .field("from_url", &self.from_url)
             .finish_non_exhaustive()
     }
 }
@@ -78,7 +101,9 @@ impl std::fmt::Debug for LadderMigration {
 #[derive(Debug, thiserror::Error)]
 pub enum MigrationRefused {
     /// The old ladder is the current one.
-    #[error("the old ladder is the current one ({0} levels under prefix {1}); give --from-prefix")]
+    #[error(
+        "the old ladder is the current one ({0} levels under prefix {1} on this broker and vhost); give --from-prefix, or --from-url for another broker"
+    )]
     Same(u8, String),
     /// The same prefix with another number of levels.
     #[error(
@@ -96,48 +121,105 @@ pub enum MigrationRefused {
 
 impl LadderMigration {
     /// Connects to the broker of `settings` (the current ladder) to migrate
-    /// from the ladder `from_prefix` with `from_levels` levels.
+    /// from the ladder `from_prefix` with `from_levels` levels on the same
+    /// broker.
     pub async fn open(
         settings: &Settings,
         from_prefix: &str,
         from_levels: u8,
     ) -> Result<Self, OpsError> {
-        let to = settings.ladder()?;
-        let from = Ladder::new(from_prefix, from_levels)?;
-        if from.prefix() == to.prefix() {
-            let refused = match from.levels() == to.levels() {
-                true => MigrationRefused::Same(to.levels(), to.prefix().to_owned()),
-                false => MigrationRefused::SharedPrefix {
-                    prefix: to.prefix().to_owned(),
-                    old: from.levels(),
-                    new: to.levels(),
-                },
-            };
-            return Err(OpsError::Refused(refused.to_string()));
-        }
-        let admin = Admin::open(settings, "order-expiry ladder migrate").await?;
-        Ok(Self {
-            admin,
-            from,
-            settings: settings.clone(),
-        })
+        Self::open_from(settings, None, from_prefix, from_levels).await
     }
 
-    /// The old queues, highest level first, then the old due queue.
-    fn sources(&self) -> Vec<String> {
-        let mut queues: Vec<String> = (0..self.from.levels())
+    /// As [`LadderMigration::open`], the old ladder on the broker at
+    /// `from_url` when given (a blue-green broker upgrade: the old broker's
+    /// parked queue moves too). The same prefix is refused only when
+    /// `from_url` reaches this broker and vhost.
+    pub async fn open_from(
+        settings: &Settings,
+        from_url: Option<&SecretString>,
+        from_prefix: &str,
+        from_levels: u8,
+    ) -> Result<Self, OpsError> {
+        let to = settings.ladder()?;
+        let from = Ladder::new(from_prefix, from_levels)?;
+        let name = "order-expiry ladder migrate";
+        let target = Admin::open(settings, name).await?;
+        let mut old = settings.clone();
+        if let Some(url) = from_url {
+            old.amqp.url = url.clone();
+        }
+        let source = match Admin::open(&old, &format!("{name} (old ladder)")).await {
+            Ok(source) => source,
+            Err(error) => {
+                target.close().await;
+                return Err(error);
+            }
+        };
+        let mut migration = Self {
+            target,
+            source,
+            from_url: from_url.map(redact_url),
+            from,
+            settings: settings.clone(),
+        };
+        if migration.from.prefix() == to.prefix() {
+            let refused = match migration.same_broker().await {
+                Ok(false) => None,
+                Ok(true) if migration.from.levels() == to.levels() => {
+                    Some(MigrationRefused::Same(to.levels(), to.prefix().to_owned()))
+                }
+                Ok(true) => Some(MigrationRefused::SharedPrefix {
+                    prefix: to.prefix().to_owned(),
+                    old: migration.from.levels(),
+                    new: to.levels(),
+                }),
+                Err(error) => {
+                    migration.close().await;
+                    return Err(error);
+                }
+            };
+            if let Some(refused) = refused {
+                migration.close().await;
+                return Err(OpsError::Refused(refused.to_string()));
+            }
+        }
+        Ok(migration)
+    }
+
+    /// Whether the old ladder's connection reaches the current broker and
+    /// vhost: always without `--from-url`, else asked of the brokers.
+    async fn same_broker(&mut self) -> Result<bool, OpsError> {
+        match self.from_url {
+            None => Ok(true),
+            Some(_) => self.target.reached_by(&mut self.source).await,
+        }
+    }
+
+    /// The old broker, password redacted, when it is another one.
+    pub fn from_url(&self) -> Option<&str> {
+        self.from_url.as_deref()
+    }
+
+    /// The old queues, highest level first, then the old due queue, then
+    /// (from another broker) the old parked queue.
+    fn sources(&self) -> Vec<(String, Carry)> {
+        let mut queues: Vec<(String, Carry)> = (0..self.from.levels())
             .rev()
-            .map(|l| self.from.level_name(l))
+            .map(|l| (self.from.level_name(l), Carry::Orders))
             .collect();
-        queues.push(self.from.due_queue());
+        queues.push((self.from.due_queue(), Carry::Orders));
+        if self.from_url.is_some() {
+            queues.push((self.from.parked_queue(), Carry::Parked));
+        }
         queues
     }
 
     /// Messages in each old queue now (`None`: it does not exist).
     pub async fn count(&mut self) -> Result<Vec<(String, Option<u32>)>, OpsError> {
         let mut found = Vec::new();
-        for queue in self.sources() {
-            let messages = self.admin.queue(&queue).await?.map(|s| s.messages);
+        for (queue, _) in self.sources() {
+            let messages = self.source.queue(&queue).await?.map(|s| s.messages);
             found.push((queue, messages));
         }
         Ok(found)
@@ -154,7 +236,7 @@ impl LadderMigration {
         let result = self.until_empty(&republisher, &mut report).await;
         let _ = amqp::bounded(
             "channel.close",
-            self.admin.timeout,
+            self.target.timeout,
             republisher.confirm.close(200, "migrated".into()),
         )
         .await;
@@ -168,7 +250,7 @@ impl LadderMigration {
     /// not take `if-empty`). Its parked queue stays. Returns what was deleted
     /// and what that last migration moved.
     pub async fn delete_old(&mut self) -> Result<(Vec<String>, MigrationReport), OpsError> {
-        let timeout = self.admin.timeout;
+        let timeout = self.source.timeout;
         let mut deleted = Vec::new();
         let mut exchanges: Vec<String> = (0..self.from.levels())
             .rev()
@@ -176,15 +258,18 @@ impl LadderMigration {
             .collect();
         exchanges.push(self.from.due_exchange());
         for exchange in exchanges {
-            let channel = self.admin.channel().await?;
+            let channel = self.source.channel().await?;
             let options = ExchangeDeleteOptions::default();
             let deleting = channel.exchange_delete(exchange.as_str().into(), options);
             amqp::bounded(format!("deleting exchange {exchange}"), timeout, deleting).await?;
             deleted.push(exchange);
         }
         let last = self.run().await?;
-        for queue in self.sources() {
-            match self.admin.queue(&queue).await? {
+        for (queue, carry) in self.sources() {
+            if carry == Carry::Parked {
+                continue;
+            }
+            match self.source.queue(&queue).await? {
                 None => continue,
                 Some(state) if state.messages > 0 => {
                     return Err(OpsError::Refused(format!(
@@ -194,7 +279,7 @@ impl LadderMigration {
                 }
                 Some(_) => {}
             }
-            let channel = self.admin.channel().await?;
+            let channel = self.source.channel().await?;
             let deleting =
                 channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default());
             amqp::bounded(format!("deleting queue {queue}"), timeout, deleting).await?;
@@ -205,11 +290,11 @@ impl LadderMigration {
 
     async fn republisher(&self) -> Result<Republisher, OpsError> {
         Ok(Republisher {
-            confirm: self.admin.confirm_channel().await?,
+            confirm: self.target.confirm_channel().await?,
             ladder: self.settings.ladder()?,
             lead: self.settings.publisher.lead,
             max_body_bytes: self.settings.consumer.max_body_bytes,
-            timeout: self.admin.timeout,
+            timeout: self.target.timeout,
         })
     }
 
@@ -224,8 +309,8 @@ impl LadderMigration {
         while empty_passes < 2 {
             report.passes += 1;
             let mut moved = 0;
-            for queue in self.sources() {
-                moved += self.drain(&queue, republisher, report).await?;
+            for (queue, carry) in self.sources() {
+                moved += self.drain(&queue, carry, republisher, report).await?;
             }
             let left: u64 = self
                 .count()
@@ -249,111 +334,29 @@ impl LadderMigration {
     async fn drain(
         &mut self,
         queue: &str,
+        carry: Carry,
         republisher: &Republisher,
         report: &mut MigrationReport,
     ) -> Result<u64, OpsError> {
-        let Some(state) = self.admin.queue(queue).await? else {
+        let Some(state) = self.source.queue(queue).await? else {
             return Ok(0);
         };
         if state.messages == 0 {
             return Ok(0);
         }
-        let channel = self.admin.own_channel().await?;
-        let result = self.drain_on(&channel, queue, republisher, report).await;
-        let _ = amqp::bounded(
-            "channel.close",
-            self.admin.timeout,
-            channel.close(200, "drained".into()),
-        )
-        .await;
+        let drain = QueueDrain {
+            channel: self.source.own_channel().await?,
+            republisher,
+        };
+        let result = drain.run(queue, state.messages, carry, report).await;
+        let closing = drain.channel.close(200, "drained".into());
+        let _ = amqp::bounded("channel.close", self.source.timeout, closing).await;
         result
     }
 
-    async fn drain_on(
-        &self,
-        channel: &Channel,
-        queue: &str,
-        republisher: &Republisher,
-        report: &mut MigrationReport,
-    ) -> Result<u64, OpsError> {
-        let due_exchange = republisher.ladder.due_exchange();
-        let mut moved = 0;
-        loop {
-            let getting = channel.basic_get(queue.into(), BasicGetOptions { no_ack: false });
-            let got =
-                amqp::bounded(format!("basic.get {queue}"), self.admin.timeout, getting).await?;
-            let Some(got) = got else { break };
-            match republisher.decode(&got) {
-                Ok(messages) => {
-                    let route = republisher.move_one(&got, &messages).await?;
-                    match route.exchange == due_exchange {
-                        true => report.to_due += 1,
-                        false => report.to_ladder += 1,
-                    }
-                }
-                Err(malformed) => {
-                    let reason = format!("ladder migrate from {queue}: {malformed}");
-                    self.park(republisher, &got, &reason).await?;
-                    ack(&got, self.admin.timeout).await?;
-                    report.parked += 1;
-                }
-            }
-            moved += 1;
-        }
-        Ok(moved)
-    }
-
-    /// A body that is not a message, to the current parked queue with `reason`.
-    async fn park(
-        &self,
-        republisher: &Republisher,
-        got: &lapin::message::BasicGetMessage,
-        reason: &str,
-    ) -> Result<(), OpsError> {
-        let parked = republisher.ladder.parked_exchange();
-        let mut headers = FieldTable::default();
-        headers.insert(
-            "x-parked-reason".into(),
-            AMQPValue::LongString(reason.into()),
-        );
-        let now = chrono::Utc::now().to_rfc3339();
-        headers.insert(
-            "x-parked-at".into(),
-            AMQPValue::LongString(now.as_str().into()),
-        );
-        let mut properties = BasicProperties::default()
-            .with_delivery_mode(2)
-            .with_headers(headers);
-        if let Some(ct) = got.delivery.properties.content_type() {
-            properties = properties.with_content_type(ct.clone());
-        }
-        let publishing = async {
-            republisher
-                .confirm
-                .basic_publish(
-                    parked.as_str().into(),
-                    "".into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..Default::default()
-                    },
-                    &got.delivery.data,
-                    properties,
-                )
-                .await?
-                .await
-        };
-        match amqp::bounded("publisher confirm", self.admin.timeout, publishing).await? {
-            Confirmation::Ack(None) => Ok(()),
-            other => Err(OpsError::NotTaken {
-                what: format!("a malformed message from the old ladder, to {parked}"),
-                reason: format!("{other:?}"),
-            }),
-        }
-    }
-
-    /// Closes the connection.
+    /// Closes the connections.
     pub async fn close(self) {
-        self.admin.close().await;
+        self.source.close().await;
+        self.target.close().await;
     }
 }

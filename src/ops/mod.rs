@@ -6,12 +6,14 @@
 //! - `status`: [`Status`]: the ladder, due, parked, outbox and overdue orders
 //!   in one look; its text and its stable JSON.
 //! - `parked`: [`Parked`]: list, replay and purge `P.parked`.
-//! - `migrate`: [`LadderMigration`]: an old ladder's messages into the
-//!   current one, while both are in use.
+//! - `migrate`: [`LadderMigration`]: an old ladder's messages (on this
+//!   broker or another) into the current one, while both are in use.
+//! - `drain`: one old queue consumed with a window of publisher confirms.
 //! - `republish`: one message into the current ladder for its remaining
 //!   delay, confirmed, then the original acked.
 
 mod admin;
+mod drain;
 mod migrate;
 mod parked;
 mod republish;

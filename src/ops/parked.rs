@@ -139,7 +139,7 @@ impl Parked {
                 report.not_selected += 1;
                 continue;
             }
-            match republisher.decode(&got) {
+            match republisher.decode(&got.delivery) {
                 Err(malformed) => {
                     let who = seen.order_id.unwrap_or(seen.excerpt);
                     report.still_malformed.push((who, malformed));

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use lapin::message::BasicGetMessage;
+use lapin::message::{BasicGetMessage, Delivery};
 use lapin::options::BasicAckOptions;
 use lapin::{Channel, Confirmation};
 
@@ -26,14 +26,14 @@ pub(crate) struct Republisher {
 }
 
 impl Republisher {
-    /// Decodes `got`'s body as the consumer would: its orders (one for v1,
+    /// Decodes a message's body as the consumer would: its orders (one for v1,
     /// every order of a v2 bundle). A message that is not one, or a bundle
     /// with an order that breaks the v1 rules, is left alone with the reason
     /// (the caller decides).
-    pub(crate) fn decode(&self, got: &BasicGetMessage) -> Result<Vec<ExpiryMessage>, String> {
-        let content_type = got.delivery.properties.content_type().as_ref();
+    pub(crate) fn decode(&self, delivery: &Delivery) -> Result<Vec<ExpiryMessage>, String> {
+        let content_type = delivery.properties.content_type().as_ref();
         let decoded = DueMessage::decode(
-            &got.delivery.data,
+            &delivery.data,
             content_type.map(|c| c.as_str()),
             self.max_body_bytes,
         );
@@ -47,14 +47,31 @@ impl Republisher {
     }
 
     /// Publishes `messages` (one, or a bundle's orders, as one message again)
-    /// afresh (their payment-check and recheck counters reset) into the
-    /// current ladder for the time left until the earliest `due_at`, or into
-    /// the due exchange when that passed; then acks `got`.
+    /// afresh into the current ladder ([`Republisher::outgoing`]), waits for
+    /// the confirm, then acks `got`.
     pub(crate) async fn move_one(
         &self,
         got: &BasicGetMessage,
         messages: &[ExpiryMessage],
     ) -> Result<Route, OpsError> {
+        let (outgoing, what) = self.outgoing(&got.delivery, messages)?;
+        let publishing = outgoing.publish(&self.confirm);
+        let confirmation = amqp::bounded("publisher confirm", self.timeout, publishing).await?;
+        taken(&confirmation, &outgoing.route.exchange, &what)?;
+        ack(got, self.timeout).await?;
+        Ok(outgoing.route)
+    }
+
+    /// `messages` (from `delivery`) afresh (their payment-check and recheck
+    /// counters reset), routed into the current ladder for the time left
+    /// until the earliest `due_at`, or into the due exchange when that
+    /// passed; with a name for them in errors. Keeps `delivery`'s
+    /// `message_id`.
+    pub(crate) fn outgoing(
+        &self,
+        delivery: &Delivery,
+        messages: &[ExpiryMessage],
+    ) -> Result<(Outgoing, String), OpsError> {
         let fresh: Vec<ExpiryMessage> = messages
             .iter()
             .map(|m| ExpiryMessage::new(m.order_id.clone(), m.due_at))
@@ -65,44 +82,46 @@ impl Republisher {
                 reason: "it carries no order".to_owned(),
             });
         };
-        let message_id = got
-            .delivery
+        let message_id = delivery
             .properties
             .message_id()
             .as_ref()
             .map_or_else(|| uuid::Uuid::new_v4().to_string(), |id| id.to_string());
-        let what = || match rest.len() {
+        let what = match rest.len() {
             0 => format!("order {}", first.order_id.as_str()),
             n => format!("a bundle of order {} and {n} more", first.order_id.as_str()),
         };
         let now = Utc::now();
-        let outgoing = Outgoing::for_orders(first, rest, &self.ladder, self.lead, &message_id, now)
-            .map_err(|e| OpsError::NotTaken {
-                what: what(),
+        match Outgoing::for_orders(first, rest, &self.ladder, self.lead, &message_id, now) {
+            Ok(outgoing) => Ok((outgoing, what)),
+            Err(e) => Err(OpsError::NotTaken {
+                what,
                 reason: e.to_string(),
-            })?;
-        let publishing = outgoing.publish(&self.confirm);
-        let confirmation = amqp::bounded("publisher confirm", self.timeout, publishing).await?;
-        match confirmation {
-            Confirmation::Ack(None) => {}
-            Confirmation::Ack(Some(returned)) => {
-                return Err(OpsError::NotTaken {
-                    what: what(),
-                    reason: format!(
-                        "unroutable via {} ({} {}); is the topology applied?",
-                        outgoing.route.exchange, returned.reply_code, returned.reply_text
-                    ),
-                });
-            }
-            Confirmation::Nack(_) | Confirmation::NotRequested => {
-                return Err(OpsError::NotTaken {
-                    what: what(),
-                    reason: "nacked".to_owned(),
-                });
-            }
+            }),
         }
-        ack(got, self.timeout).await?;
-        Ok(outgoing.route)
+    }
+}
+
+/// What the broker's answer to the publish of `what` to `exchange` means:
+/// only a plain ack is taken (a returned message was unroutable).
+pub(crate) fn taken(
+    confirmation: &Confirmation,
+    exchange: &str,
+    what: &str,
+) -> Result<(), OpsError> {
+    match confirmation {
+        Confirmation::Ack(None) => Ok(()),
+        Confirmation::Ack(Some(returned)) => Err(OpsError::NotTaken {
+            what: what.to_owned(),
+            reason: format!(
+                "unroutable via {exchange} ({} {}); is the topology applied?",
+                returned.reply_code, returned.reply_text
+            ),
+        }),
+        Confirmation::Nack(_) | Confirmation::NotRequested => Err(OpsError::NotTaken {
+            what: what.to_owned(),
+            reason: "nacked".to_owned(),
+        }),
     }
 }
 

@@ -23,7 +23,7 @@ use chrono::{DateTime, Utc};
 use futures::future::{self, Either};
 use futures::{Stream, StreamExt};
 use lapin::options::BasicPublishOptions;
-use lapin::{BasicProperties, Channel, Confirmation};
+use lapin::{BasicProperties, Channel, Confirmation, PublisherConfirm};
 use secrecy::SecretString;
 use tokio::sync::{Notify, Semaphore, oneshot};
 
@@ -640,6 +640,14 @@ impl Outgoing {
     /// Publishes it `mandatory` on `channel` (in confirm mode) and waits for
     /// the broker's answer: the caller bounds the wait and reads the answer.
     pub(crate) async fn publish(&self, channel: &Channel) -> lapin::Result<Confirmation> {
+        self.send(channel).await?.await
+    }
+
+    /// Publishes it `mandatory` on `channel` (in confirm mode) without
+    /// waiting for the broker's answer: a pipelining caller keeps a window of
+    /// them outstanding, and bounds and reads each answer.
+    #[cfg_attr(not(feature = "service"), allow(dead_code))]
+    pub(crate) async fn send(&self, channel: &Channel) -> lapin::Result<PublisherConfirm> {
         let options = BasicPublishOptions {
             mandatory: true,
             ..BasicPublishOptions::default()
@@ -648,7 +656,6 @@ impl Outgoing {
         let key = self.route.routing_key.as_str().into();
         channel
             .basic_publish(exchange, key, options, &self.body, self.properties.clone())
-            .await?
             .await
     }
 }

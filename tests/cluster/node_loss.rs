@@ -1,6 +1,7 @@
 //! Node loss with orders in flight (delays 2-30 s, every fourth order paid):
 //! kill -9 of the node leading the most ladder queues, a rolling restart of all
-//! three nodes, and two of three nodes stopped (the majority lost). Two `serve`
+//! three nodes, two of three nodes stopped (the majority lost), and (in
+//! [`crate::hung_node`]) the busiest leader hung with SIGSTOP for 30 s. Two `serve`
 //! processes consume, one started on node 1 and one on node 2; the publisher
 //! starts on node 3. Each reports orders, lost, early, wrongly cancelled, the
 //! largest lateness after the cluster recovered and the publisher's time to
@@ -19,6 +20,7 @@ use order_expiry::ScheduleError;
 use order_expiry_testkit::{Served, at_ms};
 use tokio_util::sync::CancellationToken;
 
+use crate::minority::{Minority, READY_BOUND};
 use crate::support::{ClusterWorld, NodesBack, kill, order_service, settle, start, stop};
 
 /// With a majority left the cluster never stops serving: every order is
@@ -38,19 +40,20 @@ const MAJORITY_BOUND: Duration = Duration::from_secs(30);
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(3);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fault {
+pub(crate) enum Fault {
     KillBusiestLeader,
     RollingRestart,
     MajorityLost,
+    PauseBusiestLeader,
 }
 
 /// What the fault did: when the cluster had its majority again, and a note.
-struct Done {
+pub(crate) struct Done {
     /// While the majority was lost: schedules started then must all fail.
-    refusing: Option<(Instant, Instant)>,
-    recovered: Instant,
-    recovered_wall: chrono::DateTime<Utc>,
-    note: String,
+    pub(crate) refusing: Option<(Instant, Instant)>,
+    pub(crate) recovered: Instant,
+    pub(crate) recovered_wall: chrono::DateTime<Utc>,
+    pub(crate) note: String,
 }
 
 impl Done {
@@ -88,7 +91,9 @@ async fn majority_lost_refuses_schedules_loses_nothing_and_resumes() {
     scenario("majority lost", Fault::MajorityLost, MAJORITY_BOUND).await;
 }
 
-async fn scenario(name: &'static str, fault: Fault, bound: Duration) {
+/// Two `serve` (nodes 1 and 2), the order service on node 3, `fault` 5 s in,
+/// orders for 3 s more; then the audit, its `FIGURES` line and its asserts.
+pub(crate) async fn scenario(name: &'static str, fault: Fault, bound: Duration) {
     let _back = NodesBack;
     let world = ClusterWorld::new(name, 6).await;
     let sweeper = match std::env::var("CLUSTER_SWEEPER").as_deref() {
@@ -114,6 +119,7 @@ async fn scenario(name: &'static str, fault: Fault, bound: Duration) {
         Fault::KillBusiestLeader => kill_busiest_leader(&world).await,
         Fault::RollingRestart => rolling_restart().await,
         Fault::MajorityLost => majority_lost(&world).await,
+        Fault::PauseBusiestLeader => crate::hung_node::pause_busiest_leader(&world).await,
     };
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop_orders.cancel();
@@ -250,6 +256,8 @@ async fn majority_lost(world: &ClusterWorld) -> Done {
         Err(e) => panic!("refused for another reason than the missing majority: {e}"),
     };
     probe.close().await;
+    // `topology apply` and a new `serve` on node 1 alone (crate::minority).
+    let minority = Minority::probe(world, Duration::from_secs(5)).await;
     tokio::time::sleep(Duration::from_secs(10).saturating_sub(lost_at.elapsed())).await;
     // Node 2 may give the queues their majority back before `start` returns
     // (which also waits for it to join and settle).
@@ -257,6 +265,16 @@ async fn majority_lost(world: &ClusterWorld) -> Done {
     let recovered = start(2).await;
     let recovered_wall = Utc::now();
     let down = recovered - lost_at;
+    // Counted from node 2's start (its boot included): the majority's return
+    // lies between that and the start's return.
+    minority
+        .serve
+        .wait_ready(READY_BOUND + Duration::from_secs(30))
+        .await;
+    let ready_after = restarting.elapsed();
+    let khepri = minority.note(ready_after);
+    minority.assert_answers(ready_after);
+    drop(minority);
     start(3).await;
     Done {
         // A call started within 3 s (its confirm timeout) of node 2's start
@@ -265,7 +283,7 @@ async fn majority_lost(world: &ClusterWorld) -> Done {
         recovered,
         recovered_wall,
         note: format!(
-            "nodes 2 and 3 stopped for {:.1} s; a new schedule meanwhile: {refusal}",
+            "nodes 2 and 3 stopped for {:.1} s; a new schedule meanwhile: {refusal}; {khepri}",
             down.as_secs_f64()
         ),
     }

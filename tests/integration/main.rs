@@ -4,6 +4,8 @@
 //! run in parallel in one binary. `docs` and `dependencies` need no services.
 
 mod actions;
+mod blue_green;
+mod broker_versions;
 mod bundles;
 mod check;
 mod cli;
@@ -20,6 +22,7 @@ mod https;
 mod insert_race;
 mod isolation;
 mod migrate;
+mod migrate_confirms;
 mod ops;
 mod outbox;
 mod outbox_clients;

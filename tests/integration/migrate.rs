@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{TimeDelta, Utc};
 use order_expiry::Settings;
-use order_expiry_testkit::{World, settings_env};
+use order_expiry_testkit::{World, number_after, settings_env};
 use rand::Rng;
 use tokio::process::Command;
 
@@ -81,18 +81,6 @@ async fn all_cancelled_none_early(env: &World, n: i64) -> Duration {
     }
 }
 
-/// The number after `word` in `text`.
-fn figure(text: &str, word: &str) -> u64 {
-    let at = text
-        .find(word)
-        .unwrap_or_else(|| panic!("{word:?} in {text}"));
-    text[at + word.len()..]
-        .split_whitespace()
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("a number after {word:?} in {text}"))
-}
-
 async fn migrate_while_running(old_levels: u8, new_levels: u8, n: usize, old_consumer: bool) {
     let env = World::builder()
         .kind("mg")
@@ -121,7 +109,7 @@ async fn migrate_while_running(old_levels: u8, new_levels: u8, n: usize, old_con
     )
     .await;
     eprintln!("{dry}");
-    let found = figure(&dry, "levels):");
+    let found = number_after(&dry, "levels):") as u64;
     assert!(found > 0 && found <= n as u64, "{dry}");
     assert!(dry.contains("dry run: nothing moved"), "{dry}");
 
@@ -131,7 +119,7 @@ async fn migrate_while_running(old_levels: u8, new_levels: u8, n: usize, old_con
     )
     .await;
     eprintln!("{out}");
-    let moved = figure(&out, "moved");
+    let moved = number_after(&out, "moved") as u64;
     assert!(moved > 0 && moved <= messages as u64, "{out}");
     assert!(out.contains("deleted"), "{out}");
     let took = all_cancelled_none_early(&env, n as i64).await;

@@ -221,11 +221,13 @@ fn stdout(out: &Output) -> String {
     text
 }
 
-/// Three parked messages: one overdue order, one due in 4 s, one malformed.
+/// Three parked messages: one overdue order, one due in 10 s, one malformed.
+/// 10 s: the tests list and replay before the future one is due, which took
+/// over 4 s in a parallel run on a loaded 2-core machine (RabbitMQ 4.3.6).
 async fn three_parked(env: &World) -> (String, String) {
     let now = Utc::now();
     let past = testkit_message("p-past", now - TimeDelta::seconds(60));
-    let future_due = now + TimeDelta::seconds(4);
+    let future_due = now + TimeDelta::seconds(10);
     let future = testkit_message("p-future", future_due);
     env.create_orders(&[
         ("p-past".into(), now - TimeDelta::seconds(60)),

@@ -4,20 +4,63 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// The nodes' AMQP ports, node 1 first.
-pub const PORTS: [u16; 3] = [5691, 5692, 5693];
+/// The cluster `scripts/lib/cluster.sh` runs: its node names and AMQP ports,
+/// node 1 first, as `cluster.sh env` prints them. That depends on
+/// `ORDER_EXPIRY_RMQ4_SUITE` (forky: the 4.3 cluster `rabbit43c1..3` on
+/// 5695-5697; trixie, the default: the 4.0 one, `rabbit4c1..3` on 5691-5693),
+/// which the tests pass on to every `cluster.sh` call they make.
+#[derive(Debug)]
+pub struct Layout {
+    pub nodes: [String; 3],
+    pub ports: [u16; 3],
+}
 
-/// The node number (1-3) of `name` (`rabbit4c2@localhost` is 2).
+/// The [`Layout`], read once.
+pub fn layout() -> &'static Layout {
+    static LAYOUT: OnceLock<Layout> = OnceLock::new();
+    LAYOUT.get_or_init(|| {
+        let env = cluster_sh(&["env"], Duration::from_secs(30)).unwrap_or_else(|e| panic!("{e}"));
+        let field = |key: &str| -> Vec<String> {
+            env.lines()
+                .find_map(|l| l.strip_prefix(&format!("{key}=")))
+                .unwrap_or_else(|| panic!("no {key} in cluster.sh env: {env}"))
+                .trim_matches('"')
+                .split(' ')
+                .map(str::to_owned)
+                .collect()
+        };
+        let nodes: [String; 3] = field("CLUSTER_NODES").try_into().expect("three nodes");
+        let ports = field("CLUSTER_PORTS")
+            .iter()
+            .map(|p| p.parse().expect("a port"))
+            .collect::<Vec<u16>>()
+            .try_into()
+            .expect("three ports");
+        Layout { nodes, ports }
+    })
+}
+
+/// The node number (1-3) of `name` (`rabbit43c2@localhost`, or a process id's
+/// node part, is 2 on the 4.3 cluster).
 pub fn node_number(name: &str) -> Option<usize> {
-    let n = name
-        .strip_prefix("rabbit4c")?
-        .split('@')
-        .next()?
-        .parse()
-        .ok()?;
-    (1..=3).contains(&n).then_some(n)
+    let name = name.split('@').next()?;
+    layout()
+        .nodes
+        .iter()
+        .position(|n| n.split('@').next() == Some(name))
+        .map(|i| i + 1)
+}
+
+/// How many of the cluster's nodes `field` (a `members` column) names.
+pub fn nodes_named(field: &str) -> usize {
+    layout()
+        .nodes
+        .iter()
+        .filter(|n| field.contains(n.as_str()))
+        .count()
 }
 
 fn script() -> PathBuf {
@@ -57,6 +100,20 @@ async fn cluster(args: Vec<String>, limit: Duration) -> String {
 /// `kill -9` of node `n`'s beam.
 pub async fn kill(n: usize) {
     cluster(vec!["kill".into(), n.to_string()], Duration::from_secs(30)).await;
+}
+
+/// SIGSTOP of node `n`'s beam: hung, not dead.
+pub async fn pause(n: usize) {
+    cluster(vec!["pause".into(), n.to_string()], Duration::from_secs(30)).await;
+}
+
+/// SIGCONT of node `n`'s beam.
+pub async fn resume(n: usize) {
+    cluster(
+        vec!["resume".into(), n.to_string()],
+        Duration::from_secs(30),
+    )
+    .await;
 }
 
 /// Graceful stop of node `n` (the whole node).

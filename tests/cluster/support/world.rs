@@ -11,12 +11,15 @@ use order_expiry::Scheduler;
 use order_expiry_testkit::{Served, vhost};
 use secrecy::SecretString;
 
-use super::nodes::PORTS;
+use super::nodes::layout;
 
 /// The URL of node `n` (1-3) in the test vhost.
 pub fn node_url(n: usize) -> String {
     let vhost = vhost().replace('%', "%25").replace('/', "%2f");
-    format!("amqp://guest:guest@127.0.0.1:{}/{vhost}", PORTS[n - 1])
+    format!(
+        "amqp://guest:guest@127.0.0.1:{}/{vhost}",
+        layout().ports[n - 1]
+    )
 }
 
 /// The three nodes' URLs, comma-separated, node `first` first (then the others

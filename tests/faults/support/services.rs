@@ -116,7 +116,7 @@ pub fn ensure_database_up() {
 
 /// Lines of the test broker's log files that contain `needle` (0 when the
 /// logs cannot be read): evidence for a failure's story. The logs are in
-/// `ORDER_EXPIRY_TEST_RABBITMQ_LOG_DIR` (scripts/test sets it for the 4.0 node),
+/// `ORDER_EXPIRY_TEST_RABBITMQ_LOG_DIR` (scripts/test sets it for the 4.3 node),
 /// default `/var/log/rabbitmq`.
 pub fn broker_log_count(needle: &str) -> usize {
     let dir = std::env::var("ORDER_EXPIRY_TEST_RABBITMQ_LOG_DIR")

@@ -1,6 +1,7 @@
 //! The one test fixture of order-expiry, shared by `tests/integration`,
 //! `tests/faults` and the benchmarks (`bench/`): dev-only, never published.
 //!
+//! - [`broker`]: [`broker_version`]: which RabbitMQ the tests talk to.
 //! - [`services`]: where the test broker and database are (environment
 //!   overrides such as `ORDER_EXPIRY_TEST_AMQP_PORT`), and small helpers.
 //! - [`world`]: [`World`]: an isolated topology prefix and PostgreSQL schema,
@@ -21,6 +22,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_debug_implementations, unreachable_pub, missing_docs)]
 
+pub mod broker;
 pub mod child;
 pub mod consumer;
 pub mod endpoint;
@@ -31,14 +33,15 @@ pub mod services;
 pub mod tls_front;
 pub mod world;
 
+pub use self::broker::{BrokerVersion, broker_version};
 pub use self::child::{Child, Launch, settings_env};
 pub use self::consumer::RunningConsumer;
 pub use self::endpoint::{Endpoint, Reply, Request};
 pub use self::proxy::Proxy;
 pub use self::served::{ReadyWatch, Served, http_get, metric_value};
 pub use self::services::{
-    amqp_port, amqp_url, amqp_url_on, at_ms, database, database_url, free_port, rabbitmqctl, vhost,
-    with_search_path,
+    amqp_port, amqp_url, amqp_url_on, at_ms, blue_amqp_port, database, database_url, free_port,
+    rabbitmqctl, vhost, with_search_path,
 };
 pub use self::tls_front::TlsFront;
 pub use self::world::{OrderRow, TEST_LEVELS, World, WorldBuilder};
@@ -77,4 +80,30 @@ pub fn order_ids(body: &[u8]) -> Vec<String> {
     let decoded =
         order_expiry::publisher::DueMessage::decode(body, None, 1 << 20).expect("a due message");
     decoded.messages().map(|m| m.order_id.to_string()).collect()
+}
+
+/// The number right after the first `word` in `text` (a command's report),
+/// an opening parenthesis skipped; panics when there is none.
+pub fn number_after(text: &str, word: &str) -> f64 {
+    let at = text
+        .find(word)
+        .unwrap_or_else(|| panic!("{word:?} in {text}"));
+    text[at + word.len()..]
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.trim_start_matches('(').parse().ok())
+        .unwrap_or_else(|| panic!("a number after {word:?} in {text}"))
+}
+
+/// The number right before the first `word` in `text`, an opening
+/// parenthesis skipped; panics when there is none.
+pub fn number_before(text: &str, word: &str) -> f64 {
+    let at = text
+        .find(word)
+        .unwrap_or_else(|| panic!("{word:?} in {text}"));
+    text[..at]
+        .split_whitespace()
+        .next_back()
+        .and_then(|n| n.trim_start_matches('(').parse().ok())
+        .unwrap_or_else(|| panic!("a number before {word:?} in {text}"))
 }

@@ -11,6 +11,7 @@
 //! | `ORDER_EXPIRY_TEST_RABBITMQ_NODE` | the local default node | `rabbitmqctl -n` for that broker |
 //! | `ORDER_EXPIRY_TEST_VHOST` | `order-expiry-test` | the vhost every test prefix lives in |
 //! | `ORDER_EXPIRY_TEST_DATABASE` | `order_expiry_test` | the database every test schema lives in |
+//! | `ORDER_EXPIRY_TEST_BLUE_AMQP_PORT` | `5672` | the old broker of the blue-green move test (skipped when it is the test broker) |
 
 use std::process::Command;
 
@@ -21,6 +22,16 @@ const DEFAULT_AMQP_PORT: u16 = 5672;
 /// The test broker's AMQP port: `ORDER_EXPIRY_TEST_AMQP_PORT`, default 5672.
 pub fn amqp_port() -> u16 {
     std::env::var("ORDER_EXPIRY_TEST_AMQP_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(DEFAULT_AMQP_PORT)
+}
+
+/// The old ("blue") broker's AMQP port of a blue-green broker move:
+/// `ORDER_EXPIRY_TEST_BLUE_AMQP_PORT`, default 5672 (the system broker); the
+/// test's own broker is the new ("green") one.
+pub fn blue_amqp_port() -> u16 {
+    std::env::var("ORDER_EXPIRY_TEST_BLUE_AMQP_PORT")
         .ok()
         .and_then(|p| p.parse().ok())
         .unwrap_or(DEFAULT_AMQP_PORT)

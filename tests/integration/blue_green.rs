@@ -1,0 +1,320 @@
+//! A blue-green broker upgrade with `ladder migrate --from-url`: 5,000 orders
+//! in flight on the blue broker (the system 3.10, `ORDER_EXPIRY_TEST_BLUE_AMQP_PORT`,
+//! default 5672) with `serve` running there, a few poison bodies in its
+//! parked queue; then `serve` on the green broker (the test's broker, 4.3 in
+//! scripts/test), the real `order-expiry ladder migrate --from-url <blue>`,
+//! blue's `serve` stopped and blue drained (`--delete-old`). Sweepers off.
+//! Nothing lost, nothing early, no paid or extended order cancelled, every
+//! unpaid one cancelled exactly once (the two serves' `cancelled` counts add
+//! up to it), the parked messages in green's parked queue with their reasons,
+//! and every order due during the move cancelled within [`LATE_BOUND`].
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, TimeDelta, Utc};
+use lapin::BasicProperties;
+use order_expiry::Settings;
+use order_expiry_testkit::{
+    Launch, OrderRow, Served, World, amqp_port, amqp_url, blue_amqp_port, number_after,
+    number_before,
+};
+use rand::Rng;
+
+const ORDERS: usize = 5_000;
+/// Poison bodies parked on blue before the move.
+const POISON: usize = 3;
+/// Every order due during the move (and any other) is cancelled within this
+/// of its deadline: holds on a busy 2-core machine running both brokers.
+const LATE_BOUND: Duration = Duration::from_secs(5);
+const BINARY: &str = env!("CARGO_BIN_EXE_order-expiry");
+
+/// `order-expiry ladder migrate ARGS` with `settings` (green's); (exit code,
+/// stdout and stderr).
+async fn migrate(settings: &Settings, args: &[&str], log: &str) -> (bool, String) {
+    let log = std::env::temp_dir().join(format!("order-expiry-bg-migrate-{log}.log"));
+    let mut child = Launch::new(BINARY, log)
+        .args(["ladder", "migrate"])
+        .args(args.iter().copied())
+        .settings(settings)
+        .stdout()
+        .spawn()
+        .expect("the binary runs");
+    let mut lines = child.stdout_lines().expect("piped stdout");
+    let mut stdout = String::new();
+    let reading = async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            stdout.push_str(&line);
+            stdout.push('\n');
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(300), reading)
+        .await
+        .expect("migrate ends within 5 min");
+    let status = child.wait_exit(Duration::from_secs(30)).await;
+    let ok = status.is_some_and(|s| s.success());
+    (ok, format!("{stdout}{}", child.log_tail(20)))
+}
+
+/// How late `order` was cancelled (zero if it was not).
+fn lateness(order: &OrderRow) -> Duration {
+    (order.cancelled_at.unwrap_or(order.pay_deadline) - order.pay_deadline)
+        .to_std()
+        .unwrap_or_default()
+}
+
+/// SIGTERM; it must exit 0 (it drains: what it holds goes back unacked).
+async fn stop(mut served: Served) {
+    served.signal("-TERM");
+    let status = served.wait_exit(Duration::from_secs(30)).await;
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+}
+
+/// The sum of `cancelled` outcomes of `served`, once it stopped changing.
+async fn settled_cancels(served: &Served) -> f64 {
+    let series = "order_expiry_messages_total{outcome=\"cancelled\"}";
+    let mut last = served.metric(series).await;
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = served.metric(series).await;
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blue_green_broker_move_loses_nothing_and_cancels_each_order_once() {
+    let blue_port = blue_amqp_port();
+    if blue_port == amqp_port() {
+        eprintln!(
+            "skipped: the blue broker (ORDER_EXPIRY_TEST_BLUE_AMQP_PORT={blue_port}) is the test's broker; \
+             run with ORDER_EXPIRY_TEST_AMQP_PORT set to another node (scripts/test's 4.3 stage)"
+        );
+        return;
+    }
+    // Blue: its own prefix and the schema both serves share (one database).
+    let blue = World::builder()
+        .kind("bg")
+        .amqp_port(blue_port)
+        .build()
+        .await
+        .expect("a world on the blue broker (its test vhost made?)");
+    // Green: the same prefix, levels and database on the test's broker;
+    // green's world only removes that topology at cleanup.
+    let green_world = World::builder()
+        .kind("bg")
+        .declare(false)
+        .build()
+        .await
+        .expect("a world on the green broker");
+    let mut green = blue.settings.clone();
+    green.amqp.url = amqp_url().into();
+    green_world.declare(&green).await.expect("green topology");
+
+    // Orders due 2-60 s from now (the move starts a few seconds in, and some
+    // fall due during it): every 10th paid, every 10th (another) extended.
+    let now = Utc::now();
+    let mut rng = rand::rng();
+    let orders: Vec<(String, DateTime<Utc>)> = (0..ORDERS)
+        .map(|i| {
+            let due = now + TimeDelta::milliseconds(rng.random_range(2_000..60_000));
+            (format!("bg-{i:05}"), due)
+        })
+        .collect();
+    blue.create_orders(&orders).await;
+    for i in 0..POISON {
+        let body = format!("{{\"v\": 1, \"order_id\": \"poison-{i}\"}}");
+        blue.publish_due(body.as_bytes(), BasicProperties::default())
+            .await;
+    }
+    let logs = std::env::temp_dir();
+    let blue_serve = Served::start(
+        Path::new(BINARY),
+        &blue.settings,
+        &[],
+        logs.join(format!("order-expiry-bg-blue-{}.log", blue.id)),
+    )
+    .await;
+    blue_serve.wait_ready(Duration::from_secs(30)).await;
+    // Most orders one message each, the rest in bundles: both move.
+    let single = blue.scheduler().with_bundle_max_orders(1);
+    let (alone, bundled) = orders.split_at(ORDERS * 4 / 5);
+    for r in single.schedule_many(alone.to_vec()).await {
+        r.expect("scheduled on blue");
+    }
+    single.close().await;
+    let scheduler = blue.scheduler();
+    for r in scheduler.schedule_many(bundled.to_vec()).await {
+        r.expect("scheduled on blue");
+    }
+    scheduler.close().await;
+    let client = blue.store.client().await.unwrap();
+    let paid = client
+        .execute(
+            "UPDATE orders SET status = 'paid', paid_at = now() \
+             WHERE right(id, 1) = '3' AND status = 'unpaid'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let extended = client
+        .execute(
+            "UPDATE orders SET pay_deadline = pay_deadline + interval '1 hour' \
+             WHERE right(id, 1) = '7' AND status = 'unpaid'",
+            &[],
+        )
+        .await
+        .unwrap();
+
+    let green_serve = Served::start(
+        Path::new(BINARY),
+        &green,
+        &[],
+        logs.join(format!("order-expiry-bg-green-{}.log", blue.id)),
+    )
+    .await;
+    green_serve.wait_ready(Duration::from_secs(30)).await;
+    let blue_url = blue.settings.amqp.url.clone();
+    let blue_url = secrecy::ExposeSecret::expose_secret(&blue_url).to_owned();
+    // The same prefix on the same broker is refused (asked of the brokers).
+    let green_url = amqp_url();
+    let (ok, out) = migrate(&green, &["--from-url", &green_url], "same").await;
+    assert!(
+        !ok && out.contains("the old ladder is the current one"),
+        "{out}"
+    );
+
+    let dry = migrate(&green, &["--from-url", &blue_url, "--dry-run"], "dry").await;
+    assert!(
+        dry.0 && dry.1.contains("dry run: nothing moved"),
+        "{}",
+        dry.1
+    );
+    assert!(dry.1.contains("on amqp://guest:***@"), "{}", dry.1);
+    let found = number_before(&dry.1, " messages");
+    let started = Utc::now();
+    let (ok, out) = migrate(&green, &["--from-url", &blue_url], "move").await;
+    let ended = Utc::now();
+    assert!(ok, "{out}");
+    eprintln!("{out}");
+    assert!(!out.contains("guest:guest"), "the password printed: {out}");
+    let moved = number_after(&out, "moved");
+    let rate = number_before(&out, " messages/s");
+    let parked_moved = number_before(&out, " parked messages (to the parked queue)");
+    assert_eq!(parked_moved, POISON as f64, "{out}");
+
+    // Blue's serve finishes what it holds (due within a second), then stops.
+    let blue_cancels = settled_cancels(&blue_serve).await;
+    blue_serve.assert_nothing_swept().await;
+    stop(blue_serve).await;
+    // Blue drained (what its serve released) and retired.
+    let (ok, out) = migrate(&green, &["--from-url", &blue_url, "--delete-old"], "drain").await;
+    assert!(ok && out.contains("deleted"), "{out}");
+    let ladder = blue.ladder();
+    for queue in [ladder.due_queue(), ladder.level_name(0)] {
+        let passive = lapin::options::QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let channel = blue.open_channel().await;
+        let left = channel
+            .queue_declare(queue.as_str().into(), passive, Default::default())
+            .await;
+        assert!(left.is_err(), "{queue} is still on blue after the drain");
+    }
+
+    let unpaid = (ORDERS as u64 - paid - extended) as usize;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let rows = loop {
+        let rows = blue.orders().await.expect("orders");
+        let cancelled = rows.values().filter(|o| o.status == "cancelled").count();
+        if cancelled >= unpaid || Instant::now() > deadline {
+            break rows;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let green_cancels = settled_cancels(&green_serve).await;
+    green_serve.assert_nothing_swept().await;
+    let cancelled: Vec<_> = rows.values().filter(|o| o.status == "cancelled").collect();
+    let lost = unpaid - cancelled.len().min(unpaid);
+    let early = cancelled
+        .iter()
+        .filter(|o| o.cancelled_at.is_some_and(|at| at < o.pay_deadline))
+        .count();
+    let wrongly = rows
+        .values()
+        .filter(|o| o.paid_at.is_some() || o.pay_deadline > ended + TimeDelta::minutes(30))
+        .filter(|o| o.status == "cancelled")
+        .count();
+    let max_late = cancelled
+        .iter()
+        .map(|o| lateness(o))
+        .max()
+        .unwrap_or_default();
+    let during: Vec<&OrderRow> = cancelled
+        .iter()
+        .copied()
+        .filter(|o| o.pay_deadline >= started && o.pay_deadline <= ended)
+        .collect();
+    let max_late_during = during.iter().map(|o| lateness(o)).max().unwrap_or_default();
+
+    // Green's parked queue holds blue's poison, each with its reason.
+    let parked_queue = green_world_parked(&green_world, &green).await;
+    eprintln!(
+        "FIGURES blue-green move (blue :{blue_port} -> green :{}): {ORDERS} orders ({unpaid} unpaid, {paid} paid, {extended} extended), \
+         {found} messages found, {moved} moved at {rate} messages/s in {:.1} s, {} due during the move; \
+         lost {lost}, early {early}, wrongly cancelled {wrongly}, cancels blue {blue_cancels} + green {green_cancels}, \
+         max lateness {} ms (during the move {} ms, bound {} ms), parked moved {parked_queue}",
+        amqp_port(),
+        (ended - started).num_milliseconds() as f64 / 1000.0,
+        during.len(),
+        max_late.as_millis(),
+        max_late_during.as_millis(),
+        LATE_BOUND.as_millis()
+    );
+    assert_eq!(lost, 0, "unpaid orders never cancelled");
+    assert_eq!(early, 0, "orders cancelled before their deadline");
+    assert_eq!(wrongly, 0, "paid or extended orders cancelled");
+    assert_eq!(
+        blue_cancels + green_cancels,
+        unpaid as f64,
+        "each unpaid order cancelled exactly once"
+    );
+    assert_eq!(
+        parked_queue, POISON,
+        "blue's parked messages in green's parked queue"
+    );
+    assert!(!during.is_empty(), "no order fell due during the move");
+    assert!(max_late <= LATE_BOUND, "{max_late:?} late");
+    assert!(max_late_during <= LATE_BOUND, "{max_late_during:?} late");
+
+    stop(green_serve).await;
+    blue.cleanup().await;
+    green_world.cleanup().await;
+}
+
+/// Takes every message of green's parked queue; how many carry an
+/// `x-parked-reason` that names blue's poison.
+async fn green_world_parked(green_world: &World, green: &Settings) -> usize {
+    let queue = green.ladder().unwrap().parked_queue();
+    let mut with_reason = 0;
+    while let Some(got) = green_world.get(&queue).await {
+        let headers = got
+            .delivery
+            .properties
+            .headers()
+            .clone()
+            .unwrap_or_default();
+        let reason = headers
+            .inner()
+            .get("x-parked-reason")
+            .map(|r| format!("{r:?}"));
+        assert!(reason.is_some(), "a parked message without its reason");
+        let body = String::from_utf8_lossy(&got.delivery.data).into_owned();
+        assert!(body.contains("poison-"), "{body}");
+        with_reason += 1;
+    }
+    with_reason
+}

@@ -1,0 +1,74 @@
+//! `ladder migrate` confirms before it acks: into a ladder that cannot take
+//! the messages (its level 5 queue deleted, so the broker returns every
+//! message bound there as unroutable, and the channel stays open), the
+//! migration fails and every message is still in the old ladder. A migration
+//! that acked an old message before the new broker's confirm of its copy
+//! would lose every one in its window.
+
+use std::time::Duration;
+
+use chrono::{TimeDelta, Utc};
+use order_expiry_testkit::{World, settings_env};
+use tokio::process::Command;
+
+/// Ready messages in the old ladder's holding and due queues.
+async fn in_ladder(env: &World) -> u32 {
+    let ladder = env.ladder();
+    let mut total = env.depth(&ladder.due_queue()).await;
+    for level in 0..ladder.levels() {
+        total += env.depth(&ladder.level_name(level)).await;
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_the_new_broker_refuses_leaves_every_message_in_the_old_ladder() {
+    let env = World::builder().kind("mgc").build().await.expect("a world");
+    // 300 orders due in 40-60 s, one message each: none leaves the ladder
+    // while the test runs.
+    let now = Utc::now();
+    let orders: Vec<(String, chrono::DateTime<Utc>)> = (0..300)
+        .map(|i| {
+            let due = now + TimeDelta::milliseconds(40_000 + 60 * i);
+            (format!("c-{i:03}"), due)
+        })
+        .collect();
+    env.create_orders(&orders).await;
+    let scheduler = env.scheduler().with_bundle_max_orders(1);
+    for r in scheduler.schedule_many(orders).await {
+        r.expect("scheduled");
+    }
+    scheduler.close().await;
+    let before = in_ladder(&env).await;
+    assert_eq!(before, 300);
+
+    // The new ladder, without the level every one of these messages enters.
+    let mut new = env.settings.clone();
+    new.topology.prefix = format!("{}-new", env.settings.topology.prefix);
+    env.declare(&new).await.expect("the new topology");
+    let level_5 = new.ladder().unwrap().level_name(5);
+    env.channel()
+        .await
+        .queue_delete(level_5.as_str().into(), Default::default())
+        .await
+        .expect("level 5 deleted");
+    let out = Command::new(env!("CARGO_BIN_EXE_order-expiry"))
+        .args(["ladder", "migrate", "--from-prefix"])
+        .arg(&env.settings.topology.prefix)
+        .envs(settings_env(&new))
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), out)
+        .await
+        .expect("migrate ends")
+        .expect("the binary runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "migrated into nothing: {stderr}");
+    assert!(stderr.contains("unroutable"), "{stderr}");
+    // The consumer channel closed: what it held unacked is back, ready.
+    let after = in_ladder(&env).await;
+    assert_eq!(
+        after, before,
+        "messages acked in the old ladder without a confirm from the new one ({stderr})"
+    );
+    env.cleanup().await;
+}
