@@ -99,6 +99,7 @@ impl std::fmt::Debug for LadderMigration {
 
 /// Why a migration cannot start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum MigrationRefused {
     /// The old ladder is the current one.
     #[error(
