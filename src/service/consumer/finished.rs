@@ -16,17 +16,14 @@
 //!   deliveries are taken.
 
 use chrono::Utc;
-use lapin::options::BasicAckOptions;
 use tracing::{info, warn};
 
 use super::acks::State;
 use super::outbound::{OutboundError, Republish};
-use super::session::{Retry, Session, SessionError};
+use super::session::{Session, SessionError};
 use super::work::{Done, Failed, Pending};
-use crate::amqp;
 use crate::service::CONSUMER;
 use crate::service::action::{Action, ActionError};
-use crate::service::backoff::Backoff;
 use crate::service::orders::FailureClass;
 use crate::telemetry::RETRIES_TOTAL;
 
@@ -50,12 +47,12 @@ impl<A: Action> Session<'_, A> {
     pub(super) fn record(&mut self, done: Done) -> Result<Option<Failed>, SessionError> {
         match done {
             Done::Republished(tag) => {
-                self.acks.forget(tag);
-                self.park_backoff.reset();
+                self.unacked.forget(tag);
+                self.retries.republished();
             }
             Done::PartMovedOut { tag, handled } => {
-                self.settle(tag, handled);
-                self.park_backoff.reset();
+                self.unacked.settle(tag, handled);
+                self.retries.republished();
             }
             Done::Settled {
                 handled,
@@ -64,7 +61,7 @@ impl<A: Action> Session<'_, A> {
                 requeue,
             } => {
                 for (tag, handled) in handled {
-                    self.settle(tag, handled);
+                    self.unacked.settle(tag, handled);
                 }
                 for (pending, reason) in retry {
                     metrics::counter!(RETRIES_TOTAL.name).increment(1);
@@ -75,14 +72,14 @@ impl<A: Action> Session<'_, A> {
                     self.retry_alone(pending);
                 }
                 for (pending, reason) in park {
-                    self.mark(pending.tag(), State::Waiting);
+                    self.unacked.mark(pending.tag(), State::Waiting);
                     self.in_flight
-                        .push(self.outbound.park(pending.original(), reason));
+                        .start(self.link.outbound().park(pending.original(), reason));
                 }
                 for (pending, message, outcome) in requeue {
-                    self.mark(pending.tag(), State::Waiting);
+                    self.unacked.mark(pending.tag(), State::Waiting);
                     self.in_flight
-                        .push(self.outbound.requeue(pending, message, outcome));
+                        .start(self.link.outbound().requeue(pending, message, outcome));
                 }
             }
             Done::Failed(failed) => return Ok(Some(failed)),
@@ -116,9 +113,7 @@ impl<A: Action> Session<'_, A> {
                              declared?); will retry, the delivery stays unacked");
                     }
                 }
-                let delay = self.park_backoff.next_delay();
-                self.retrying
-                    .insert(Retry::Republish { original, what }, delay);
+                self.retries.republish(original, what);
             }
         }
         Ok(())
@@ -126,7 +121,7 @@ impl<A: Action> Session<'_, A> {
 
     fn on_action_failed(&mut self, mut batch: Vec<Pending>, error: ActionError) {
         for p in &batch {
-            self.mark(p.tag(), State::Waiting);
+            self.unacked.mark(p.tag(), State::Waiting);
         }
         let class = error.class();
         match class {
@@ -138,15 +133,13 @@ impl<A: Action> Session<'_, A> {
             _ if batch.len() > 1 => {
                 warn!(target: CONSUMER, error = %error, orders = batch.len(), ?class,
                     "batch failed; splitting it to isolate the order at fault");
-                let second = batch.split_off(batch.len() / 2);
-                self.split.push_front(second);
-                self.split.push_front(batch);
+                self.backlog.split(batch);
             }
             FailureClass::Permanent => {
                 let Some(pending) = batch.pop() else { return };
                 let reason = error.park_reason();
                 self.in_flight
-                    .push(self.outbound.park(pending.original(), reason));
+                    .start(self.link.outbound().park(pending.original(), reason));
             }
             FailureClass::Transient => {
                 for pending in batch {
@@ -162,41 +155,23 @@ impl<A: Action> Session<'_, A> {
 
     /// Retries one message alone after its own backoff; it does not pin the
     /// ack window meanwhile.
-    fn retry_alone(&mut self, mut pending: Pending) {
-        self.mark(pending.tag(), State::Waiting);
-        let settings = &self.consumer.settings;
-        let delay = Backoff::nth(settings.retry_initial, settings.retry_max, pending.attempts);
-        pending.attempts = pending.attempts.saturating_add(1);
-        self.retrying.insert(Retry::Again(Box::new(pending)), delay);
+    fn retry_alone(&mut self, pending: Pending) {
+        self.unacked.mark(pending.tag(), State::Waiting);
+        self.retries.again(pending);
     }
 
     /// The database is back (or may be): batches that waited for it run
     /// again first, each as it was.
     pub(super) fn on_retry_due(&mut self) {
-        for batch in self.outage.end() {
-            self.split.push_front(batch);
-        }
+        self.backlog.resume(self.outage.end());
     }
 
     /// Sends the acks the tracker allows now (one `multiple` ack for the
     /// finished front of the window, single ones behind a held delivery; with
     /// `all`, every finished one), then tells the observer about each.
     pub(super) async fn send_acks(&mut self, all: bool) -> Result<(), SessionError> {
-        let acks = self.acks.take(all);
-        let channel = &self.channel;
-        let sending = async {
-            if let Some(tag) = acks.multiple_upto {
-                channel
-                    .basic_ack(tag, BasicAckOptions { multiple: true })
-                    .await?;
-            }
-            let singles = acks
-                .single
-                .iter()
-                .map(|tag| channel.basic_ack(*tag, BasicAckOptions::default()));
-            futures::future::try_join_all(singles).await.map(drop)
-        };
-        amqp::bounded("basic.ack", self.consumer.amqp.timeout, sending).await?;
+        let acks = self.unacked.take(all);
+        self.link.ack(acks.multiple_upto, &acks.single).await?;
         if let Some(observer) = &self.consumer.observer {
             let at = Utc::now();
             for mut handled in acks.payloads.into_iter().flatten() {

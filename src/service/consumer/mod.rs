@@ -8,14 +8,21 @@
 //! - [`acks`]: which deliveries to ack, one `multiple` ack per finished run. Pure.
 //! - [`decide`]: after the payment check and the action: ack, retry, park or
 //!   send through the ladder again (the next check step; an order not found yet). Pure.
-//! - [`work`]: the unit of work (check, then the action) and what finished work reports.
-//! - [`outage`]: while the action is unavailable: the batches waiting for it
-//!   and when to try again; the one place that pauses intake.
+//! - [`work`]: the unit of work (check, then the action), what finished work
+//!   reports, and the work running now.
 //! - [`outbound`]: a parked copy or a message sent through the ladder again,
 //!   confirmed, then the ack.
-//! - [`session`]: one connection's state and its per-event methods.
-//! - [`bundles`]: the ack state of a delivery's orders: a v1 delivery is one
-//!   order, a v2 bundle is acked once every order in it is settled.
+//! - [`session`]: one connection's session: its per-event methods, its state
+//!   in the parts below.
+//! - [`link`]: the connection, its two channels, the delivery stream.
+//! - [`unacked`]: the unacked deliveries and the ack state of their orders: a
+//!   v1 delivery is one order, a v2 bundle is acked once every order in it is
+//!   settled.
+//! - [`backlog`]: what waits for a batch: held deliveries, ready ones, parts
+//!   of split batches.
+//! - [`retries`]: messages, parks and re-queues each retried on its own timer.
+//! - [`outage`]: while the action is unavailable: the batches waiting for it
+//!   and when to try again; the one place that pauses intake.
 //! - [`finished`]: what finished work does: acks; a failure split down to the
 //!   order at fault, parked or retried alone; a whole-set backoff while the
 //!   database is unavailable.
@@ -27,14 +34,17 @@
 
 mod acks;
 mod arrival;
-mod bundles;
+mod backlog;
 mod decide;
 mod drain;
 mod finished;
+mod link;
 mod outage;
 mod outbound;
 mod repair;
+mod retries;
 mod session;
+mod unacked;
 mod work;
 
 use std::sync::Arc;

@@ -7,7 +7,7 @@
 
 use tracing::warn;
 
-use super::session::{Session, SessionError, subscribe, warn_kept};
+use super::session::{Session, SessionError};
 use crate::service::CONSUMER;
 use crate::service::action::Action;
 use crate::telemetry::REPAIRS_TOTAL;
@@ -18,13 +18,7 @@ impl<A: Action> Session<'_, A> {
     /// unroutable).
     pub(super) async fn repair(&mut self, what: &'static str) -> Result<(), SessionError> {
         let ladder = &self.consumer.ladder;
-        let timeout = self.consumer.amqp.timeout;
-        let kept = self
-            .consumer
-            .own_part
-            .apply_on(&self.connection, timeout)
-            .await?;
-        warn_kept(&kept);
+        self.link.redeclare(&self.consumer.own_part).await?;
         metrics::counter!(REPAIRS_TOTAL.name, "what" => what).increment(1);
         warn!(target: CONSUMER, what, due = %ladder.due_queue(), parked = %ladder.parked_queue(),
             "re-declared the consumer's queues, exchanges and bindings");
@@ -36,16 +30,13 @@ impl<A: Action> Session<'_, A> {
     /// on; if the broker no longer knows their tags, the ack fails, the session
     /// ends and the next one starts over (their orders were cancelled first).
     pub(super) async fn on_consumer_ended(&mut self) -> Result<(), SessionError> {
-        if !self.channel.status().connected() {
+        if !self.link.is_connected() {
             return Err(SessionError::ConsumerEnded);
         }
         warn!(target: CONSUMER, queue = %self.consumer.ladder.due_queue(),
             "the broker ended our consumer: was the due queue deleted?");
         self.repair("due").await?;
-        let timeout = self.consumer.amqp.timeout;
-        let (deliveries, tag) = subscribe(&self.channel, &self.consumer.ladder, timeout).await?;
-        self.deliveries = deliveries;
-        self.tag = tag;
+        self.link.resubscribe(&self.consumer.ladder).await?;
         Ok(())
     }
 }

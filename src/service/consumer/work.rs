@@ -1,6 +1,7 @@
 //! The consumer's unit of work: a batch of due messages, each asked about at
 //! the payment gateway first (when `action.check` is on), then expired by the
 //! [`Action`] in one call, and what finished work reports back to the session.
+//! [`InFlight`] is the session's work running now (batches, parks, re-queues).
 //!
 //! A batch ends in one of three ways: settled (each message acked with its
 //! outcome, retried alone, parked, or sent through the ladder again), failed
@@ -11,8 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::FutureExt;
 use futures::future::{BoxFuture, join_all};
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use lapin::message::Delivery;
 use tracing::{debug, info};
 
@@ -83,6 +85,38 @@ pub(super) struct Work<A> {
     pub(super) action: Arc<A>,
     pub(super) check: Option<(PaymentCheck, CheckSettings)>,
     pub(super) unknown_rechecks: Vec<Duration>,
+}
+
+/// Batches, parks and re-queues running now, concurrently with the delivery loop.
+pub(super) struct InFlight {
+    running: FuturesUnordered<BoxFuture<'static, Done>>,
+}
+
+impl InFlight {
+    pub(super) fn new() -> Self {
+        Self {
+            running: FuturesUnordered::new(),
+        }
+    }
+
+    /// Starts `work`; it reports through [`InFlight::next`].
+    pub(super) fn start(&mut self, work: BoxFuture<'static, Done>) {
+        self.running.push(work);
+    }
+
+    /// The next work to finish; `None` when nothing runs.
+    pub(super) async fn next(&mut self) -> Option<Done> {
+        self.running.next().await
+    }
+
+    /// How many run now.
+    pub(super) fn len(&self) -> usize {
+        self.running.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.running.is_empty()
+    }
 }
 
 /// Work that ran concurrently with the delivery loop, finished.

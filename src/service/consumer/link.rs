@@ -1,0 +1,192 @@
+//! A session's link to the broker: its connection, the channel it consumes
+//! and acks on, the delivery stream and its consumer tag, and the
+//! confirm-mode channel for parks and re-queues ([`Outbound`]). Opened
+//! together, re-subscribed after a repair, closed together: the one place
+//! that changes any of them.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use lapin::message::Delivery;
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection};
+use tracing::warn;
+
+use super::Consumer;
+use super::outbound::Outbound;
+use super::session::SessionError;
+use crate::amqp::{self, BrokerError, TlsFiles};
+use crate::service::CONSUMER;
+use crate::topology::{KeptQueue, Ladder, Topology};
+
+/// One broker connection and what a session uses of it.
+pub(super) struct Link {
+    connection: Connection,
+    /// Consumes the due queue; deliveries are acked on it.
+    channel: Channel,
+    deliveries: lapin::Consumer,
+    tag: String,
+    outbound: Outbound,
+    /// `amqp.timeout_ms`: bounds every call on the broker.
+    timeout: Duration,
+}
+
+impl Link {
+    /// Connects, declares the consumer's part of the topology and subscribes
+    /// to the due queue. A failure after the connect closes the connection.
+    pub(super) async fn open<A>(consumer: &Consumer<A>) -> Result<Self, SessionError> {
+        let (amqp, settings) = (&consumer.amqp, &consumer.settings);
+        let timeout = amqp.timeout;
+        let tls = TlsFiles::from_settings(amqp);
+        let name = "order-expiry consumer";
+        let connection = amqp::connect(&amqp.url, &tls, name, timeout).await?;
+        // Everything after the connect closes the connection when it fails (a
+        // node without its quorum answers the connect, then times out a declare).
+        let set_up = async {
+            let channel =
+                amqp::bounded("channel.open", timeout, connection.create_channel()).await?;
+            declare(&consumer.own_part, &connection, timeout).await?;
+            let qos = channel.basic_qos(settings.prefetch, BasicQosOptions::default());
+            amqp::bounded("basic.qos", timeout, qos).await?;
+            let outbound =
+                amqp::bounded("channel.open", timeout, connection.create_channel()).await?;
+            let confirms = outbound.confirm_select(ConfirmSelectOptions::default());
+            amqp::bounded("confirm.select", timeout, confirms).await?;
+            let (deliveries, tag) = subscribe(&channel, &consumer.ladder, timeout).await?;
+            Ok::<_, SessionError>((channel, outbound, deliveries, tag))
+        }
+        .await;
+        let (channel, outbound, deliveries, tag) = match set_up {
+            Ok(parts) => parts,
+            Err(error) => {
+                amqp::close_failed(&connection, timeout).await;
+                return Err(error);
+            }
+        };
+        Ok(Self {
+            connection,
+            channel,
+            deliveries,
+            tag,
+            outbound: Outbound {
+                channel: outbound,
+                parked_exchange: consumer.ladder.parked_exchange(),
+                ladder: consumer.ladder.clone(),
+                lead: consumer.lead,
+                timeout,
+                observer: consumer.observer.clone(),
+            },
+            timeout,
+        })
+    }
+
+    /// Where parks and re-queues are published.
+    pub(super) fn outbound(&self) -> &Outbound {
+        &self.outbound
+    }
+
+    /// The next delivery; `None` when the broker ended our consumer.
+    pub(super) async fn next_delivery(&mut self) -> Option<lapin::Result<Delivery>> {
+        self.deliveries.next().await
+    }
+
+    /// Whether the consuming channel is still open.
+    pub(super) fn is_connected(&self) -> bool {
+        self.channel.status().connected()
+    }
+
+    /// Re-declares `own_part` (the consumer's queues, exchanges and bindings).
+    pub(super) async fn redeclare(&self, own_part: &Topology) -> Result<(), BrokerError> {
+        declare(own_part, &self.connection, self.timeout).await
+    }
+
+    /// Consumes the due queue again, on the same channel, with a fresh tag.
+    pub(super) async fn resubscribe(&mut self, ladder: &Ladder) -> Result<(), BrokerError> {
+        let (deliveries, tag) = subscribe(&self.channel, ladder, self.timeout).await?;
+        self.deliveries = deliveries;
+        self.tag = tag;
+        Ok(())
+    }
+
+    /// Acks every delivery up to `multiple_upto` with one `multiple` ack, then
+    /// each of `single` on its own.
+    pub(super) async fn ack(
+        &self,
+        multiple_upto: Option<u64>,
+        single: &[u64],
+    ) -> Result<(), BrokerError> {
+        let channel = &self.channel;
+        let sending = async {
+            if let Some(tag) = multiple_upto {
+                channel
+                    .basic_ack(tag, BasicAckOptions { multiple: true })
+                    .await?;
+            }
+            let singles = single
+                .iter()
+                .map(|tag| channel.basic_ack(*tag, BasicAckOptions::default()));
+            futures::future::try_join_all(singles).await.map(drop)
+        };
+        amqp::bounded("basic.ack", self.timeout, sending).await
+    }
+
+    /// Stops taking deliveries; whatever the broker answers.
+    pub(super) async fn cancel(&self) {
+        let cancel = self
+            .channel
+            .basic_cancel(self.tag.as_str().into(), BasicCancelOptions::default());
+        let _ = amqp::bounded("basic.cancel", self.timeout, cancel).await;
+    }
+
+    /// Closes both channels, then the connection: every unacked delivery goes
+    /// back to the queue.
+    pub(super) async fn close(self) {
+        let timeout = self.timeout;
+        let channel = self.channel.close(200, "shutdown".into());
+        let _ = amqp::bounded("channel.close", timeout, channel).await;
+        let outbound = self.outbound.channel.close(200, "shutdown".into());
+        let _ = amqp::bounded("channel.close", timeout, outbound).await;
+        let connection = self.connection.close(200, "shutdown".into());
+        let _ = amqp::bounded("connection.close", timeout, connection).await;
+    }
+}
+
+/// Declares `own_part` on `connection`, and logs each queue kept as it is.
+async fn declare(
+    own_part: &Topology,
+    connection: &Connection,
+    timeout: Duration,
+) -> Result<(), BrokerError> {
+    let kept = own_part.apply_on(connection, timeout).await?;
+    warn_kept(&kept);
+    Ok(())
+}
+
+/// Consumes the due queue with a fresh consumer tag.
+async fn subscribe(
+    channel: &Channel,
+    ladder: &Ladder,
+    timeout: Duration,
+) -> Result<(lapin::Consumer, String), BrokerError> {
+    let tag = format!("order-expiry-{}", uuid::Uuid::new_v4());
+    let queue = ladder.due_queue();
+    let consume = channel.basic_consume(
+        queue.as_str().into(),
+        tag.as_str().into(),
+        BasicConsumeOptions::default(),
+        FieldTable::default(),
+    );
+    let deliveries = amqp::bounded("basic.consume", timeout, consume).await?;
+    Ok((deliveries, tag))
+}
+
+/// Logs each queue the broker holds with other placement arguments (declared
+/// before `topology.replicas`, or with another value): it is used as it is.
+fn warn_kept(kept: &[KeptQueue]) {
+    for k in kept {
+        warn!(target: CONSUMER, queue = %k.name, broker = %k.reason, "{}", KeptQueue::ADVICE);
+    }
+}
