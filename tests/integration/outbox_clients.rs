@@ -119,11 +119,16 @@ async fn the_python_order_service_schedules_through_the_outbox() {
     let rolled_back = order_service(&env, &["create", "py-2", "3", "--rollback"]).await;
     assert_eq!(rolled_back["committed"], false, "{rolled_back}");
 
-    // An extension through the outbox: the old message comes at 2 s and
-    // changes nothing, the new one cancels at the new deadline, never before.
-    let extended = order_service(&env, &["create", "py-3", "2"]).await;
+    // An extension through the outbox: the old message comes at 10 s and
+    // changes nothing, the new one cancels at the new deadline (14 s after the
+    // extension), never before. The extension must land before the old
+    // deadline, and each run of the script starts a Python: on a fresh
+    // machine's first run (no bytecode cached yet, load 4-5) a 2 s window
+    // was over before the second script ran (seen on 2026-12-02;
+    // reproduced with a Python that takes 2.5 s to start).
+    let extended = order_service(&env, &["create", "py-3", "10"]).await;
     assert_eq!(extended["committed"], true, "{extended}");
-    let extended = order_service(&env, &["extend", "py-3", "4"]).await;
+    let extended = order_service(&env, &["extend", "py-3", "14"]).await;
     assert_eq!(extended["extended"], true, "{extended}");
 
     let mut due = Vec::new();
