@@ -13,6 +13,9 @@
 //!   cancelled, broker messages and CPU per order, serve's peak RSS.
 //! - [`cancel`]: what PostgreSQL charges per cancelled order at each batch
 //!   size, the next ceiling once the ladder carries bundles.
+//! - [`soak`]: an hour of orders under random faults on the local three-node
+//!   cluster (seeded), every order accounted for by a checker, with a report
+//!   and a plot.
 //! - [`goals`]: every goal the book states for them (docs/src/results), with the settings it
 //!   was stated for, and the judging of a report against them.
 //! - [`check`]: every benchmark against its goals, one table, a non-zero exit
@@ -30,6 +33,7 @@ pub mod flash;
 pub mod goals;
 pub mod lateness;
 pub mod outbox;
+pub mod soak;
 pub mod throughput;
 
 /// A subcommand's last words: its goals as a table, then one line saying

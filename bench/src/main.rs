@@ -1,4 +1,4 @@
-//! `order-expiry-bench lateness|throughput|outbox|flash|cancel|check`: the benchmarks, with the
+//! `order-expiry-bench lateness|throughput|outbox|flash|cancel|check|soak`: the benchmarks, with the
 //! settings of `order-expiry` (built-in defaults, `--config FILE`,
 //! `ORDER_EXPIRY__…` variables; `ORDER_EXPIRY__AMQP__URL` picks the broker).
 //!
@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use order_expiry::{Settings, settings::LogFormat};
-use order_expiry_bench::{GoalsMissed, cancel, check, flash, lateness, outbox, throughput};
+use order_expiry_bench::{GoalsMissed, cancel, check, flash, lateness, outbox, soak, throughput};
 
 /// Benchmarks of order-expiry against the local broker and database (not tests).
 #[derive(Debug, Parser)]
@@ -59,6 +59,9 @@ enum Command {
     Cancel(cancel::CancelArgs),
     /// Every benchmark against its goals, at the settings they were stated for.
     Check(check::CheckArgs),
+    /// Orders under random faults on the local three-node cluster, every
+    /// order accounted for (not a benchmark: a checker's verdict).
+    Soak(soak::SoakArgs),
 }
 
 #[tokio::main]
@@ -89,5 +92,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Flash(args) => flash::run(&settings, &args).await,
         Command::Cancel(args) => cancel::run(&settings, &args).await,
         Command::Check(args) => check::run(&settings, &args).await,
+        Command::Soak(args) => soak::run(&settings, &args).await,
     }
 }

@@ -36,7 +36,7 @@ mod plan;
 mod plot;
 mod report;
 mod run;
-mod serve;
+pub(crate) mod serve;
 mod table;
 
 use std::path::PathBuf;

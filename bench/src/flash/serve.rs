@@ -18,7 +18,7 @@ use super::NO_BUNDLES_ENV;
 
 /// The `order-expiry` binary: `given`, else `$ORDER_EXPIRY_BIN`, else next to
 /// this executable or one directory up (a test binary lives in `deps/`).
-pub(super) fn binary(given: Option<&Path>) -> anyhow::Result<PathBuf> {
+pub(crate) fn binary(given: Option<&Path>) -> anyhow::Result<PathBuf> {
     if let Some(path) = given {
         return Ok(path.to_owned());
     }

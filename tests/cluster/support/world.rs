@@ -8,27 +8,17 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use order_expiry::Scheduler;
-use order_expiry_testkit::{Served, vhost};
+use order_expiry_testkit::{Served, cluster, vhost};
 use secrecy::SecretString;
-
-use super::nodes::layout;
 
 /// The URL of node `n` (1-3) in the test vhost.
 pub fn node_url(n: usize) -> String {
-    let vhost = vhost().replace('%', "%25").replace('/', "%2f");
-    format!(
-        "amqp://guest:guest@127.0.0.1:{}/{vhost}",
-        layout().ports[n - 1]
-    )
+    cluster::node_url(n, &vhost())
 }
 
-/// The three nodes' URLs, comma-separated, node `first` first (then the others
-/// in order): a process given it connects to `first` when that node runs.
+/// The three nodes' URLs in the test vhost, node `first` first.
 pub fn url_list(first: usize) -> String {
-    (0..3)
-        .map(|i| node_url((first - 1 + i) % 3 + 1))
-        .collect::<Vec<_>>()
-        .join(",")
+    cluster::url_list(first, &vhost())
 }
 
 /// One scenario's world on the cluster; derefs to the shared world.
@@ -107,13 +97,13 @@ impl ClusterWorld {
     /// `[node 1, node 2, node 3]`: how many of this world's queues whose name
     /// contains `part` each node leads.
     pub async fn leaders(&self, part: &str) -> [usize; 3] {
-        super::nodes::leaders(&vhost(), &self.settings.topology.prefix, part).await
+        cluster::leaders(&vhost(), &self.settings.topology.prefix, part).await
     }
 
     /// The nodes the consumers of the due queue are connected to (one entry per
     /// consumer), from their channels' process ids.
     pub async fn due_consumer_nodes(&self) -> Vec<usize> {
-        let listing = super::nodes::ctl_any(&[
+        let listing = cluster::ctl_any(&[
             "list_consumers",
             "-p",
             &vhost(),
@@ -129,7 +119,7 @@ impl ClusterWorld {
                 let (queue, pid) = line.split_once('\t')?;
                 (queue.trim() == due).then_some(())?;
                 let node = pid.trim().trim_start_matches('<').split('.').next()?;
-                super::nodes::node_number(node)
+                cluster::node_number(node)
             })
             .collect()
     }

@@ -50,6 +50,9 @@ struct State {
     /// By `"<kind> <order id>"`: answered in order; the last one repeats.
     scripts: HashMap<String, VecDeque<Reply>>,
     requests: Vec<Request>,
+    /// By kind: while set, every request of that kind answers this, whatever
+    /// its script ([`Endpoint::fail`]).
+    outages: HashMap<String, Reply>,
     /// The orders table an unscripted expire cancels in ([`Endpoint::order_service`]).
     orders: Option<Arc<PgOrderStore>>,
 }
@@ -115,6 +118,19 @@ impl Endpoint {
         state
             .scripts
             .insert(format!("{kind} {order_id}"), replies.into());
+    }
+
+    /// Until [`Endpoint::recover`], every request of `kind` answers `reply`
+    /// (for example a 503, or a hang past the client's timeout), whatever the
+    /// order's script: the whole order service or gateway failing.
+    pub fn fail(&self, kind: &str, reply: Reply) {
+        let mut state = self.state.lock().unwrap();
+        state.outages.insert(kind.to_owned(), reply);
+    }
+
+    /// Ends [`Endpoint::fail`] of `kind`: scripts and defaults answer again.
+    pub fn recover(&self, kind: &str) {
+        self.state.lock().unwrap().outages.remove(kind);
     }
 
     /// Every request so far, in arrival order.
@@ -191,11 +207,12 @@ async fn answer(state: Arc<Mutex<State>>, request: HttpRequest<Body>) -> Respons
             body: body.clone(),
             at,
         });
-        let reply = match state.scripts.get_mut(&format!("{kind} {order_id}")) {
+        let scripted = match state.scripts.get_mut(&format!("{kind} {order_id}")) {
             Some(script) if script.len() > 1 => script.pop_front(),
             Some(script) => script.front().cloned(),
             None => None,
         };
+        let reply = state.outages.get(kind).cloned().or(scripted);
         (reply, state.orders.clone())
     };
     if let (None, "expire", Some(orders)) = (&reply, kind, orders) {

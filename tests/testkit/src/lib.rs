@@ -9,6 +9,8 @@
 //! - [`consumer`]: [`RunningConsumer`]: the real consumer in-process, observed.
 //! - [`child`]: [`Launch`] / [`Child`]: our binaries as child processes.
 //! - [`served`]: [`Served`]: `order-expiry serve` as a child, its HTTP endpoint.
+//! - [`cluster`]: the local three-node cluster of `scripts/lib/cluster.sh`:
+//!   its nodes (kill, pause, stop, start, leaders) and URLs.
 //! - [`procfs`]: memory and CPU of processes, from `/proc`.
 //! - [`proxy`]: [`Proxy`]: a TCP proxy that can turn into a black hole.
 //! - [`endpoint`]: [`Endpoint`]: a scripted local order service (the HTTP
@@ -24,6 +26,7 @@
 
 pub mod broker;
 pub mod child;
+pub mod cluster;
 pub mod consumer;
 pub mod endpoint;
 pub mod procfs;

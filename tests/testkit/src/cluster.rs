@@ -1,5 +1,12 @@
-//! The cluster's nodes, driven through `scripts/lib/cluster.sh` (as `scripts/test`
-//! and a person would), each call bounded by `timeout`.
+//! The local three-node cluster of `scripts/lib/cluster.sh`, driven through that
+//! script (as `scripts/test` and a person would), each call bounded by
+//! `timeout`: its nodes (kill, pause, stop, start, who leads what) and their
+//! URLs. Shared by the cluster tests (`tests/cluster`) and the soak
+//! (`order-expiry-bench soak`).
+//!
+//! The script's `ORDER_EXPIRY_RMQ4_SUITE` picks the cluster; when it is not set,
+//! every call here passes `forky`: the RabbitMQ 4.3 cluster, the primary tested
+//! broker.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -14,7 +21,9 @@ use std::time::{Duration, Instant};
 /// which the tests pass on to every `cluster.sh` call they make.
 #[derive(Debug)]
 pub struct Layout {
+    /// `rabbit43c1@localhost`, ...
     pub nodes: [String; 3],
+    /// Their AMQP ports.
     pub ports: [u16; 3],
 }
 
@@ -64,7 +73,12 @@ pub fn nodes_named(field: &str) -> usize {
 }
 
 fn script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/lib/cluster.sh")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/lib/cluster.sh")
+}
+
+/// The suite `cluster.sh` is run with: `ORDER_EXPIRY_RMQ4_SUITE`, else `forky`.
+pub fn suite() -> String {
+    std::env::var("ORDER_EXPIRY_RMQ4_SUITE").unwrap_or_else(|_| "forky".to_owned())
 }
 
 /// Runs `scripts/lib/cluster.sh ARGS`, at most `limit`; its stdout, or why it failed.
@@ -73,6 +87,7 @@ pub fn cluster_sh(args: &[&str], limit: Duration) -> Result<String, String> {
         .arg(limit.as_secs().to_string())
         .arg(script())
         .args(args)
+        .env("ORDER_EXPIRY_RMQ4_SUITE", suite())
         .output()
         .map_err(|e| format!("cluster.sh {args:?}: {e}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -201,4 +216,23 @@ impl Drop for NodesBack {
             eprintln!("bringing the nodes back failed: {e}");
         }
     }
+}
+
+/// The URL of node `n` (1-3) in `vhost`.
+pub fn node_url(n: usize, vhost: &str) -> String {
+    let vhost = vhost.replace('%', "%25").replace('/', "%2f");
+    format!(
+        "amqp://guest:guest@127.0.0.1:{}/{vhost}",
+        layout().ports[n - 1]
+    )
+}
+
+/// The three nodes' URLs in `vhost`, comma-separated, node `first` first (then
+/// the others in order): a process given it connects to `first` when that node
+/// runs.
+pub fn url_list(first: usize, vhost: &str) -> String {
+    (0..3)
+        .map(|i| node_url((first - 1 + i) % 3 + 1, vhost))
+        .collect::<Vec<_>>()
+        .join(",")
 }

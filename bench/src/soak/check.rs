@@ -1,0 +1,257 @@
+//! The checker: the orders tables, the queues and the processes at the end,
+//! judged against the ledger and the faults. Every finding is a violation
+//! with the order or the process it is about.
+//!
+//! For every order the order services placed:
+//! - paid (the payer's update hit), or `paid` at the gateway: never cancelled;
+//! - never cancelled before its deadline (after an extension, the new one);
+//! - otherwise cancelled, within the bound: `due + BASE_BOUND`, or for an
+//!   order whose time in flight (created to cancelled) a fault overlapped,
+//!   `max(due, recovered) + bound` of that fault (the largest such);
+//! - cancelled by the sweeper only if it was never scheduled (its message
+//!   never reached the broker); a scheduled order swept means the ladder
+//!   missed it by more than the sweeper's grace.
+//!
+//! At the end: the ladder and due queues of both worlds empty; the sql world's
+//! parked queue holds exactly the poison messages sent, the http world's
+//! none; no `serve` exited on its own; memory flat (runs of 20 minutes or
+//! more).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+
+use super::faults::{BASE_BOUND, Record};
+use super::memory::Samples;
+use super::traffic::{Gateway, Ledger, Order, Route};
+use super::world::{SWEEP_GRACE, Which};
+
+/// One row of an orders table.
+#[derive(Debug, Clone)]
+pub(super) struct Row {
+    pub(super) status: String,
+    pub(super) pay_deadline: DateTime<Utc>,
+    pub(super) cancelled_at: Option<DateTime<Utc>>,
+    /// `sweeper` when the sweeper cancelled it (sql world).
+    pub(super) cancelled_by: Option<String>,
+}
+
+/// One cancelled order, for the plot and the per-fault lines.
+#[derive(Debug, Clone)]
+pub(super) struct Cancel {
+    pub(super) due_at: DateTime<Utc>,
+    pub(super) late: Duration,
+    pub(super) swept: bool,
+}
+
+/// What the checker found.
+#[derive(Debug, Default)]
+pub(super) struct Verdict {
+    pub(super) orders: usize,
+    pub(super) cancelled: usize,
+    pub(super) paid: usize,
+    pub(super) kept_by_gateway: usize,
+    pub(super) extended: usize,
+    pub(super) swept: usize,
+    pub(super) swept_explained: usize,
+    pub(super) never_scheduled: usize,
+    pub(super) cancels: Vec<Cancel>,
+    /// Per fault (index into the records): orders in flight during it, and
+    /// the worst lateness among them.
+    pub(super) per_fault: Vec<(usize, Duration)>,
+    pub(super) violations: Vec<String>,
+}
+
+/// The state at the end, read by the soak.
+#[derive(Debug)]
+pub(super) struct End<'a> {
+    pub(super) ledger: &'a Ledger,
+    pub(super) faults: &'a [Record],
+    pub(super) slot_worlds: &'a [Which],
+    pub(super) sql_rows: &'a HashMap<String, Row>,
+    pub(super) http_rows: &'a HashMap<String, Row>,
+    /// Queue name -> messages, of both worlds' prefixes.
+    pub(super) queues: &'a [(String, u64)],
+    pub(super) sql_parked_queue: String,
+    pub(super) exited: &'a [String],
+    pub(super) memory: &'a Samples,
+    pub(super) duration: Duration,
+}
+
+/// Judges `end`.
+pub(super) fn check(end: &End<'_>) -> Verdict {
+    let mut v = Verdict {
+        orders: end.ledger.orders.len(),
+        per_fault: vec![(0, Duration::ZERO); end.faults.len()],
+        ..Verdict::default()
+    };
+    for order in &end.ledger.orders {
+        let rows = match order.which {
+            Which::Sql => end.sql_rows,
+            Which::Http => end.http_rows,
+        };
+        match rows.get(&order.id) {
+            Some(row) => judge(end, order, row, &mut v),
+            // Its INSERT never committed (the database was away for a minute).
+            None if !order.scheduled => v.never_scheduled += 1,
+            None => v
+                .violations
+                .push(format!("{}: scheduled but no row", order.id)),
+        }
+    }
+    for fault in end.faults {
+        if let Some(e) = &fault.error {
+            v.violations.push(format!(
+                "fault {} at {}: injecting or repairing it failed: {e}",
+                fault.kind.label(),
+                fault.started.format("%H:%M:%S")
+            ));
+        }
+    }
+    check_queues(end, &mut v);
+    for name in end.exited {
+        v.violations
+            .push(format!("{name} exited on its own (not killed by a fault)"));
+    }
+    if end.duration >= Duration::from_secs(20 * 60) {
+        v.violations.extend(end.memory.growth());
+    }
+    v
+}
+
+fn judge(end: &End<'_>, order: &Order, row: &Row, v: &mut Verdict) {
+    let kept_by_gateway = order.gateway == Gateway::Paid;
+    v.paid += usize::from(order.paid);
+    v.kept_by_gateway += usize::from(kept_by_gateway && !order.paid);
+    v.extended += usize::from(order.extended_from.is_some());
+    if !order.scheduled {
+        v.never_scheduled += 1;
+    }
+    let Some(cancelled_at) = row.cancelled_at else {
+        if row.status == "unpaid" && !kept_by_gateway && !order.paid && order.scheduled {
+            v.violations.push(format!(
+                "{}: lost: due {}, still unpaid at the end",
+                order.id,
+                row.pay_deadline.format("%H:%M:%S%.3f")
+            ));
+        }
+        if row.status == "unpaid" && order.route == Route::Unscheduled {
+            v.violations
+                .push(format!("{}: never scheduled and never swept", order.id));
+        }
+        return;
+    };
+    v.cancelled += 1;
+    if order.paid || row.status == "paid" {
+        v.violations.push(format!(
+            "{}: paid, yet cancelled at {cancelled_at}",
+            order.id
+        ));
+    }
+    if kept_by_gateway {
+        v.violations.push(format!(
+            "{}: the gateway said paid, yet cancelled at {cancelled_at}",
+            order.id
+        ));
+    }
+    let swept = row.cancelled_by.as_deref() == Some("sweeper");
+    if swept {
+        v.swept += 1;
+        if order.scheduled {
+            v.violations.push(format!(
+                "{}: scheduled, yet cancelled by the sweeper ({} past its deadline): \
+                 the ladder missed it by more than the sweeper's grace",
+                order.id,
+                fmt_late(cancelled_at - row.pay_deadline)
+            ));
+        } else {
+            v.swept_explained += 1;
+        }
+    } else if order.route == Route::Unscheduled {
+        v.violations.push(format!(
+            "{}: never scheduled, yet cancelled by the ladder",
+            order.id
+        ));
+    }
+    let Ok(late) = (cancelled_at - row.pay_deadline).to_std() else {
+        v.violations.push(format!(
+            "{}: early: cancelled {} before its deadline {}",
+            order.id,
+            fmt_late(row.pay_deadline - cancelled_at),
+            row.pay_deadline.format("%H:%M:%S%.3f")
+        ));
+        return;
+    };
+    let mut limit = row.pay_deadline + delta(BASE_BOUND);
+    if order.gateway == Gateway::PendingThenUnpaid {
+        // steps_ms starts at 1 s: the second question comes a second later.
+        limit += TimeDelta::seconds(1);
+    }
+    if !order.scheduled {
+        limit += delta(SWEEP_GRACE) + TimeDelta::seconds(1);
+    }
+    for (i, fault) in end.faults.iter().enumerate() {
+        let in_flight = fault.started <= cancelled_at && fault.recovered >= order.created;
+        if in_flight
+            && fault
+                .kind
+                .affects(order.which, |slot| end.slot_worlds[slot])
+        {
+            let from = row.pay_deadline.max(fault.recovered);
+            limit = limit.max(from + delta(fault.kind.bound()));
+            // A never-scheduled order waits for the sweeper's grace by design.
+            if order.scheduled {
+                let (n, worst) = &mut v.per_fault[i];
+                *n += 1;
+                *worst = (*worst).max(late);
+            }
+        }
+    }
+    if cancelled_at > limit {
+        v.violations.push(format!(
+            "{}: {} late (due {}), beyond its bound by {}",
+            order.id,
+            fmt_late(cancelled_at - row.pay_deadline),
+            row.pay_deadline.format("%H:%M:%S%.3f"),
+            fmt_late(cancelled_at - limit)
+        ));
+    }
+    v.cancels.push(Cancel {
+        due_at: row.pay_deadline,
+        late,
+        swept,
+    });
+}
+
+fn check_queues(end: &End<'_>, v: &mut Verdict) {
+    for (name, messages) in end.queues {
+        let expected = if *name == end.sql_parked_queue {
+            end.ledger.poison as u64
+        } else {
+            0
+        };
+        if *messages != expected {
+            v.violations.push(format!(
+                "queue {name}: {messages} messages at the end, {expected} expected"
+            ));
+        }
+    }
+    if !end
+        .queues
+        .iter()
+        .any(|(name, _)| *name == end.sql_parked_queue)
+    {
+        v.violations
+            .push(format!("queue {} missing at the end", end.sql_parked_queue));
+    }
+}
+
+fn delta(d: Duration) -> TimeDelta {
+    TimeDelta::from_std(d).unwrap_or(TimeDelta::MAX)
+}
+
+/// A signed time difference as `1.234 s`.
+pub(super) fn fmt_late(d: TimeDelta) -> String {
+    format!("{:.3} s", d.num_milliseconds() as f64 / 1000.0)
+}

@@ -1,0 +1,336 @@
+//! The faults: drawn at random from the seed, in two lanes that run side by
+//! side so faults overlap (a node dies while the database route is down).
+//!
+//! - The broker lane: kill -9, graceful stop or SIGSTOP of one node at a time,
+//!   then the node back; at most one node is ever down.
+//! - The service lane: kill -9 of a `serve` (restarted), a PostgreSQL restart,
+//!   the sql world's database route blackholed, the http world's order service
+//!   or payment gateway failing (503s, or hanging past the client's timeout),
+//!   and a `parked replay --all` while traffic runs.
+//!
+//! Each fault is recorded with when it started and when it was repaired
+//! (`recovered`): the checker measures lateness from max(due, recovered) for
+//! the orders whose wait it overlapped, against the fault's [`Kind::bound`].
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use order_expiry_testkit::{Reply, cluster};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio_util::sync::CancellationToken;
+
+use super::world::{SoakWorld, Which};
+
+/// One fault, with what it needs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Kind {
+    /// kill -9 of a node's beam, the node started again after `down`.
+    NodeKill { node: usize, down: Duration },
+    /// Graceful stop of a node, started again after `down`.
+    NodeStop { node: usize, down: Duration },
+    /// SIGSTOP of a node's beam for `hung`, then SIGCONT.
+    NodePause { node: usize, hung: Duration },
+    /// kill -9 of `serve` slot `slot`, started again after `down`.
+    ServeKill { slot: usize, down: Duration },
+    /// `pg_ctlcluster ... restart` (fast shutdown: connections cut).
+    PostgresRestart,
+    /// The sql world's database route blackholed for `lasting`.
+    DatabaseBlackhole { lasting: Duration },
+    /// The http world's order service answers 503 to every expire.
+    OrderServiceDown { lasting: Duration },
+    /// The payment gateway answers 503, or hangs past the check's timeout.
+    GatewayDown { lasting: Duration, hangs: bool },
+    /// `order-expiry parked replay --all` on the sql world.
+    ParkedReplay,
+}
+
+/// No fault, no excuse: an order is cancelled within this of its due time.
+pub(super) const BASE_BOUND: Duration = Duration::from_secs(5);
+
+impl Kind {
+    /// How late past max(due, recovered) an order whose wait this fault
+    /// overlapped may be cancelled. Each is the bound the fault's own test
+    /// asserts (tests/cluster, tests/faults), or what the service's retry
+    /// settings imply (retry_max_ms 10 s, query_timeout_ms 6 s), plus the
+    /// [`BASE_BOUND`] of a loaded machine.
+    pub(super) fn bound(&self) -> Duration {
+        let secs = match self {
+            // tests/cluster/node_loss.rs: 10 s.
+            Kind::NodeKill { .. } | Kind::NodeStop { .. } => 10,
+            // tests/cluster/hung_node.rs: 90 s after SIGCONT.
+            Kind::NodePause { .. } => 90,
+            // Redelivery to the other serve, or this one's restart.
+            Kind::ServeKill { .. } => 10,
+            // The consumer's retry backoff (up to 10 s) and a reconnect.
+            Kind::PostgresRestart | Kind::OrderServiceDown { .. } | Kind::GatewayDown { .. } => 15,
+            // query_timeout (6 s) to notice, then the backoff.
+            Kind::DatabaseBlackhole { .. } => 20,
+            Kind::ParkedReplay => 0,
+        };
+        Duration::from_secs(secs) + BASE_BOUND
+    }
+
+    /// Whether it can delay `which`'s orders.
+    pub(super) fn affects(&self, which: Which, slot_world: impl Fn(usize) -> Which) -> bool {
+        match self {
+            Kind::NodeKill { .. } | Kind::NodeStop { .. } | Kind::NodePause { .. } => true,
+            Kind::PostgresRestart => true,
+            Kind::ServeKill { slot, .. } => slot_world(*slot) == which,
+            Kind::DatabaseBlackhole { .. } | Kind::ParkedReplay => which == Which::Sql,
+            Kind::OrderServiceDown { .. } | Kind::GatewayDown { .. } => which == Which::Http,
+        }
+    }
+
+    /// A short name for the report.
+    pub(super) fn label(&self) -> String {
+        let s = |d: &Duration| format!("{:.0} s", d.as_secs_f64());
+        match self {
+            Kind::NodeKill { node, down } => format!("kill -9 node {node}, down {}", s(down)),
+            Kind::NodeStop { node, down } => format!("stop node {node}, down {}", s(down)),
+            Kind::NodePause { node, hung } => format!("SIGSTOP node {node} {}", s(hung)),
+            Kind::ServeKill { slot, down } => {
+                format!("kill -9 serve {}, down {}", slot + 1, s(down))
+            }
+            Kind::PostgresRestart => "PostgreSQL restart".into(),
+            Kind::DatabaseBlackhole { lasting } => {
+                format!("database route blackholed {}", s(lasting))
+            }
+            Kind::OrderServiceDown { lasting } => format!("order service 503 {}", s(lasting)),
+            Kind::GatewayDown { lasting, hangs } => format!(
+                "payment gateway {} {}",
+                if *hangs { "hangs" } else { "503" },
+                s(lasting)
+            ),
+            Kind::ParkedReplay => "parked replay --all".into(),
+        }
+    }
+
+    /// Which family it belongs to, for the plot's colours and the totals.
+    pub(super) fn family(&self) -> &'static str {
+        match self {
+            Kind::NodeKill { .. } => "node kill -9",
+            Kind::NodeStop { .. } => "node stop",
+            Kind::NodePause { .. } => "node SIGSTOP",
+            Kind::ServeKill { .. } => "serve kill -9",
+            Kind::PostgresRestart => "PostgreSQL restart",
+            Kind::DatabaseBlackhole { .. } => "database blackhole",
+            Kind::OrderServiceDown { .. } => "order service down",
+            Kind::GatewayDown { .. } => "gateway down",
+            Kind::ParkedReplay => "parked replay",
+        }
+    }
+}
+
+/// One fault as it happened.
+#[derive(Debug, Clone)]
+pub(super) struct Record {
+    pub(super) kind: Kind,
+    pub(super) started: DateTime<Utc>,
+    /// When it was repaired (the node answering again, the route restored).
+    pub(super) recovered: DateTime<Utc>,
+    /// What went wrong injecting or repairing it (a finding about the soak's
+    /// own machinery, reported as such).
+    pub(super) error: Option<String>,
+}
+
+/// Which lane draws a fault.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Lane {
+    Broker,
+    Service,
+}
+
+/// The lane's faults, one after another, until `stop`; the records.
+pub(super) async fn lane(
+    world: &SoakWorld,
+    lane: Lane,
+    seed: u64,
+    postgres_restarts: bool,
+    soak_started: DateTime<Utc>,
+    stop: CancellationToken,
+) -> Vec<Record> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let serves = world.serve_count().await;
+    let mut records = Vec::new();
+    loop {
+        let (gap, mut kind) = draw(&mut rng, lane, serves);
+        if kind == Kind::PostgresRestart && !postgres_restarts {
+            // Drawn all the same, so the rest of the schedule stays the seed's.
+            kind = Kind::DatabaseBlackhole {
+                lasting: Duration::from_secs(5),
+            };
+        }
+        tokio::select! {
+            () = stop.cancelled() => return records,
+            () = tokio::time::sleep(gap) => {}
+        }
+        let started = Utc::now();
+        let at = (started - soak_started).num_seconds();
+        println!("soak +{:02}:{:02}: {}", at / 60, at % 60, kind.label());
+        let error = inject(world, kind).await.err().map(|e| format!("{e:#}"));
+        if let Some(e) = &error {
+            println!("soak: {} failed: {e}", kind.label());
+        }
+        records.push(Record {
+            kind,
+            started,
+            recovered: Utc::now(),
+            error,
+        });
+    }
+}
+
+/// The next fault of `lane` and the pause before it.
+fn draw(rng: &mut StdRng, lane: Lane, serves: usize) -> (Duration, Kind) {
+    let secs = |rng: &mut StdRng, lo: u64, hi: u64| Duration::from_secs(rng.random_range(lo..=hi));
+    match lane {
+        Lane::Broker => {
+            let gap = secs(rng, 10, 40);
+            let node = rng.random_range(1..=3);
+            let kind = match rng.random_range(0..5) {
+                0 | 1 => Kind::NodeKill {
+                    node,
+                    down: secs(rng, 5, 20),
+                },
+                2 | 3 => Kind::NodeStop {
+                    node,
+                    down: secs(rng, 5, 20),
+                },
+                _ => Kind::NodePause {
+                    node,
+                    hung: secs(rng, 5, 30),
+                },
+            };
+            (gap, kind)
+        }
+        Lane::Service => {
+            let gap = secs(rng, 5, 25);
+            let kind = match rng.random_range(0..11) {
+                0..=2 => Kind::ServeKill {
+                    slot: rng.random_range(0..serves),
+                    down: secs(rng, 0, 10),
+                },
+                3 => Kind::PostgresRestart,
+                4 | 5 => Kind::DatabaseBlackhole {
+                    lasting: secs(rng, 5, 30),
+                },
+                6 | 7 => Kind::OrderServiceDown {
+                    lasting: secs(rng, 5, 30),
+                },
+                8 | 9 => Kind::GatewayDown {
+                    lasting: secs(rng, 5, 30),
+                    hangs: rng.random_bool(0.5),
+                },
+                _ => Kind::ParkedReplay,
+            };
+            (gap, kind)
+        }
+    }
+}
+
+/// Injects `kind` and repairs it; returns when it is repaired.
+async fn inject(world: &SoakWorld, kind: Kind) -> anyhow::Result<()> {
+    match kind {
+        Kind::NodeKill { node, down } => {
+            cluster_sh(&["kill", &node.to_string()], 30).await?;
+            tokio::time::sleep(down).await;
+            cluster_sh(&["start", &node.to_string()], 180).await
+        }
+        Kind::NodeStop { node, down } => {
+            cluster_sh(&["stop", &node.to_string()], 90).await?;
+            tokio::time::sleep(down).await;
+            cluster_sh(&["start", &node.to_string()], 180).await
+        }
+        Kind::NodePause { node, hung } => {
+            cluster_sh(&["pause", &node.to_string()], 30).await?;
+            tokio::time::sleep(hung).await;
+            cluster_sh(&["resume", &node.to_string()], 30).await
+        }
+        Kind::ServeKill { slot, down } => {
+            world.kill_serve(slot).await;
+            tokio::time::sleep(down).await;
+            world.start_serve(slot).await
+        }
+        Kind::PostgresRestart => restart_postgres().await,
+        Kind::DatabaseBlackhole { lasting } => {
+            world.db_proxy.blackhole();
+            tokio::time::sleep(lasting).await;
+            world.db_proxy.restore();
+            Ok(())
+        }
+        Kind::OrderServiceDown { lasting } => {
+            world
+                .endpoint
+                .fail("expire", Reply::Status(503, "down for the soak".into()));
+            tokio::time::sleep(lasting).await;
+            world.endpoint.recover("expire");
+            Ok(())
+        }
+        Kind::GatewayDown { lasting, hangs } => {
+            let reply = if hangs {
+                // Past action.check.timeout_ms (2 s in the soak).
+                Reply::Hang(Duration::from_secs(3))
+            } else {
+                Reply::Status(503, "down for the soak".into())
+            };
+            world.endpoint.fail("payment", reply);
+            tokio::time::sleep(lasting).await;
+            world.endpoint.recover("payment");
+            Ok(())
+        }
+        Kind::ParkedReplay => world
+            .cli(
+                Which::Sql,
+                &["parked", "replay", "--all"],
+                Duration::from_secs(60),
+            )
+            .await
+            .map(drop),
+    }
+}
+
+/// `scripts/lib/cluster.sh ARGS` within `limit_s` seconds.
+async fn cluster_sh(args: &[&str], limit_s: u64) -> anyhow::Result<()> {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        cluster::cluster_sh(&args, Duration::from_secs(limit_s)).map(drop)
+    })
+    .await?
+    .map_err(anyhow::Error::msg)
+}
+
+/// Restarts the local PostgreSQL (every cluster of it, as the machine's
+/// services script starts it), its output away from ours: a server started
+/// here must not hold our stdout or stderr open.
+async fn restart_postgres() -> anyhow::Result<()> {
+    let status = tokio::process::Command::new("bash")
+        .args([
+            "-c",
+            "for v in $(ls /etc/postgresql); do \
+             pg_ctlcluster --skip-systemctl-redirect \"$v\" main restart || exit 1; done",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await?;
+    anyhow::ensure!(status.success(), "pg_ctlcluster restart exited {status}");
+    Ok(())
+}
+
+/// Brings every node back (a fault that failed midway), continuing a paused
+/// one, and repairs every injected fault: the end of a soak.
+pub(super) async fn repair_all(world: &SoakWorld) -> anyhow::Result<()> {
+    world.db_proxy.restore();
+    world.endpoint.recover("expire");
+    world.endpoint.recover("payment");
+    for slot in 0..world.serve_count().await {
+        if !world.serve_running(slot).await {
+            world.start_serve(slot).await?;
+        }
+    }
+    cluster_sh(&["up"], 240).await
+}

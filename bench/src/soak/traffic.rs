@@ -1,0 +1,474 @@
+//! The soak's order services, payer and poison producer, and the ledger of
+//! everything they did: the history the checker judges the database by.
+//!
+//! - The sql world's order service places `rate` orders a second, due in
+//!   3-40 s: half through the library (`schedule`, retried every 200 ms until
+//!   confirmed, as a real order service does), half through the outbox (the
+//!   order and its outbox row in one transaction), and one in a hundred not
+//!   scheduled at all (a crash between commit and publish: the sweeper's job).
+//!   Every 1-2.5 minutes a burst of 300-800 orders due within 2 s.
+//! - The http world's order service places a quarter of that, through the
+//!   library; the gateway answers `paid` for one in ten, `pending` then
+//!   `unpaid` for another one in ten.
+//! - The payer pays one in five, one in twenty close to its deadline (the last
+//!   300 ms); one in twelve is extended by 5-15 s shortly before it is due (and
+//!   scheduled again for the new deadline).
+//! - Every 30-90 s a poison message (a body that is not a message) goes to the
+//!   sql world's due queue; the consumer must park it, once.
+//!
+//! Every random choice comes from the seed: the same seed places the same
+//! orders with the same deadlines (their times follow the machine's pace).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+use order_expiry::Scheduler;
+use order_expiry::service::PgOrderStore;
+use order_expiry_testkit::{Reply, cluster};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::Mutex;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::world::{SoakWorld, VHOST, Which};
+
+/// How an order reached (or did not reach) the broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Route {
+    /// `Scheduler::schedule`.
+    Library,
+    /// An outbox row in the order's transaction, relayed by `serve`.
+    Outbox,
+    /// Never scheduled: only the sweeper can cancel it.
+    Unscheduled,
+}
+
+/// What the http world's payment gateway answers for an order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Gateway {
+    /// Not asked (the sql world), or `unpaid`: cancel.
+    Unpaid,
+    /// `paid`: the order must be left alone.
+    Paid,
+    /// `pending`, then `unpaid` on the next step (1 s later).
+    PendingThenUnpaid,
+}
+
+/// One order, as its order service saw it.
+#[derive(Debug, Clone)]
+pub(super) struct Order {
+    pub(super) id: String,
+    pub(super) which: Which,
+    pub(super) route: Route,
+    pub(super) burst: bool,
+    pub(super) created: DateTime<Utc>,
+    /// Its deadline now (after an extension).
+    pub(super) due_at: DateTime<Utc>,
+    /// The deadline before an extension.
+    pub(super) extended_from: Option<DateTime<Utc>>,
+    /// Its message (or outbox row) for `due_at` was confirmed (committed).
+    pub(super) scheduled: bool,
+    /// The payer's `UPDATE ... WHERE status = 'unpaid'` hit.
+    pub(super) paid: bool,
+    pub(super) gateway: Gateway,
+}
+
+/// Everything the order services did.
+#[derive(Debug, Default)]
+pub(super) struct Ledger {
+    pub(super) orders: Vec<Order>,
+    /// Poison messages confirmed into the sql world's due queue.
+    pub(super) poison: usize,
+    /// Failed `schedule` calls (each retried).
+    pub(super) schedule_errors: u64,
+}
+
+/// What an order task is told to do.
+#[derive(Debug, Clone)]
+struct Plan {
+    id: String,
+    which: Which,
+    route: Route,
+    burst: bool,
+    due_at: DateTime<Utc>,
+    /// Pay this long after creation.
+    pay_after: Option<Duration>,
+    /// Extend by this much 1.5 s before due.
+    extend_by: Option<Duration>,
+    gateway: Gateway,
+}
+
+/// The order services' shared parts.
+#[derive(Debug)]
+pub(super) struct Traffic {
+    world: Arc<SoakWorld>,
+    sql_scheduler: Scheduler,
+    http_scheduler: Scheduler,
+    ledger: Mutex<Ledger>,
+}
+
+impl Traffic {
+    pub(super) fn new(world: Arc<SoakWorld>) -> anyhow::Result<Arc<Self>> {
+        let scheduler = |which| {
+            let mut settings = world.settings(which, 3);
+            settings.amqp.timeout = Duration::from_secs(5);
+            Scheduler::from_settings(&settings)
+        };
+        Ok(Arc::new(Self {
+            sql_scheduler: scheduler(Which::Sql)?,
+            http_scheduler: scheduler(Which::Http)?,
+            world,
+            ledger: Mutex::new(Ledger::default()),
+        }))
+    }
+
+    /// Runs the order services, the bursts and the poison producer until
+    /// `stop`; then waits for every order's task (its payment, extension and
+    /// retries) and returns the ledger. Unscheduled orders stop `quiet` before
+    /// the end, so the sweeper's grace passes before the soak checks.
+    pub(super) async fn run(
+        self: Arc<Self>,
+        seed: u64,
+        rate: f64,
+        unscheduled_until: tokio::time::Instant,
+        stop: CancellationToken,
+    ) -> Ledger {
+        let mut tasks = JoinSet::new();
+        tasks.spawn(Arc::clone(&self).place(
+            seed,
+            Which::Sql,
+            rate,
+            unscheduled_until,
+            stop.clone(),
+        ));
+        tasks.spawn(Arc::clone(&self).place(
+            seed ^ 0x6874,
+            Which::Http,
+            rate / 4.0,
+            unscheduled_until,
+            stop.clone(),
+        ));
+        tasks.spawn(Arc::clone(&self).bursts(seed ^ 0x6275, stop.clone()));
+        tasks.spawn(Arc::clone(&self).poison(seed ^ 0x706f, stop.clone()));
+        while tasks.join_next().await.is_some() {}
+        let mut ledger = self.ledger.lock().await;
+        std::mem::take(&mut *ledger)
+    }
+
+    /// One world's order service: an order every `1/rate` s until `stop`,
+    /// each in its own task; waits for them all.
+    async fn place(
+        self: Arc<Self>,
+        seed: u64,
+        which: Which,
+        rate: f64,
+        unscheduled_until: tokio::time::Instant,
+        stop: CancellationToken,
+    ) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut orders = JoinSet::new();
+        let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut n = 0u64;
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => break,
+                _ = ticks.tick() => {}
+            }
+            n += 1;
+            let delay_ms = rng.random_range(3_000..40_000);
+            let due_at = whole_ms(Utc::now() + TimeDelta::milliseconds(delay_ms));
+            let plan = Plan {
+                id: format!("{}-{n}", if which == Which::Sql { "s" } else { "h" }),
+                which,
+                route: match which {
+                    Which::Sql
+                        if n % 100 == 99 && tokio::time::Instant::now() < unscheduled_until =>
+                    {
+                        Route::Unscheduled
+                    }
+                    Which::Sql if n.is_multiple_of(2) => Route::Outbox,
+                    _ => Route::Library,
+                },
+                burst: false,
+                due_at,
+                pay_after: payment(&mut rng, delay_ms),
+                extend_by: rng
+                    .random_bool(1.0 / 12.0)
+                    .then(|| Duration::from_millis(rng.random_range(5_000..15_000))),
+                gateway: match (which, rng.random_range(0..10)) {
+                    (Which::Http, 0) => Gateway::Paid,
+                    (Which::Http, 1) => Gateway::PendingThenUnpaid,
+                    _ => Gateway::Unpaid,
+                },
+            };
+            orders.spawn(Arc::clone(&self).order(plan));
+        }
+        while orders.join_next().await.is_some() {}
+    }
+
+    /// A flash sale every 1-2.5 minutes: 300-800 orders due within 2 s, 20 s
+    /// ahead, half through the library, half through the outbox.
+    async fn bursts(self: Arc<Self>, seed: u64, stop: CancellationToken) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut orders = JoinSet::new();
+        let mut b = 0u64;
+        loop {
+            let gap = Duration::from_secs(rng.random_range(60..150));
+            tokio::select! {
+                () = stop.cancelled() => break,
+                () = tokio::time::sleep(gap) => {}
+            }
+            b += 1;
+            let count = rng.random_range(300..800);
+            let base = Utc::now() + TimeDelta::seconds(20);
+            for i in 0..count {
+                let plan = Plan {
+                    id: format!("b{b}-{i}"),
+                    which: Which::Sql,
+                    route: if i % 2 == 0 {
+                        Route::Library
+                    } else {
+                        Route::Outbox
+                    },
+                    burst: true,
+                    due_at: whole_ms(
+                        base + TimeDelta::milliseconds(i64::from(i) * 2_000 / i64::from(count)),
+                    ),
+                    pay_after: None,
+                    extend_by: None,
+                    gateway: Gateway::Unpaid,
+                };
+                orders.spawn(Arc::clone(&self).order(plan));
+            }
+        }
+        while orders.join_next().await.is_some() {}
+    }
+
+    /// One order's life: created, scheduled, perhaps paid or extended; then
+    /// into the ledger.
+    async fn order(self: Arc<Self>, plan: Plan) {
+        let created = Utc::now();
+        let world = &self.world;
+        let store = match plan.which {
+            Which::Sql => &world.sql.store,
+            Which::Http => &world.http.store,
+        };
+        if plan.gateway != Gateway::Unpaid {
+            let replies = match plan.gateway {
+                Gateway::Paid => vec![Reply::Payment("paid")],
+                _ => vec![Reply::Payment("pending"), Reply::Payment("unpaid")],
+            };
+            world.endpoint.script("payment", &plan.id, replies);
+        }
+        let give_up = plan.due_at + TimeDelta::seconds(60);
+        let scheduled = match plan.route {
+            Route::Outbox => self.create_with_outbox_row(store, &plan, give_up).await,
+            Route::Library | Route::Unscheduled => {
+                let created_row =
+                    retry(give_up, || store.create_unpaid(&plan.id, plan.due_at)).await;
+                created_row
+                    && plan.route == Route::Library
+                    && self.schedule(&plan, plan.due_at).await
+            }
+        };
+        let mut order = Order {
+            id: plan.id.clone(),
+            which: plan.which,
+            route: plan.route,
+            burst: plan.burst,
+            created,
+            due_at: plan.due_at,
+            extended_from: None,
+            scheduled,
+            paid: false,
+            gateway: plan.gateway,
+        };
+        if let Some(after) = plan.pay_after {
+            sleep_until(created + TimeDelta::from_std(after).unwrap_or_default()).await;
+            order.paid = retry_value(plan.due_at + TimeDelta::seconds(5), || store.pay(&plan.id))
+                .await
+                .unwrap_or(false);
+        } else if let Some(by) = plan.extend_by {
+            sleep_until(plan.due_at - TimeDelta::milliseconds(1500)).await;
+            let later = plan.due_at + TimeDelta::from_std(by).unwrap_or_default();
+            if extend(store, &plan.id, later).await {
+                order.extended_from = Some(plan.due_at);
+                order.due_at = later;
+                order.scheduled = self.schedule(&plan, later).await;
+            }
+        }
+        self.ledger.lock().await.orders.push(order);
+    }
+
+    /// The order and its outbox row in one transaction, retried until it
+    /// commits or `give_up`.
+    async fn create_with_outbox_row(
+        &self,
+        store: &PgOrderStore,
+        plan: &Plan,
+        give_up: DateTime<Utc>,
+    ) -> bool {
+        retry(give_up, || async {
+            let mut client = store.client().await.map_err(|e| e.to_string())?;
+            let tx = client.transaction().await.map_err(|e| e.to_string())?;
+            tx.execute(
+                "INSERT INTO orders (id, pay_deadline) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING",
+                &[&plan.id, &plan.due_at],
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            self.sql_scheduler
+                .schedule_in_tx(&tx, plan.id.as_str(), plan.due_at)
+                .await
+                .map_err(|e| e.to_string())?;
+            tx.commit().await.map_err(|e| e.to_string())
+        })
+        .await
+    }
+
+    /// `schedule`, retried every 200 ms until confirmed or a minute past
+    /// `due_at`.
+    async fn schedule(&self, plan: &Plan, due_at: DateTime<Utc>) -> bool {
+        let scheduler = match plan.which {
+            Which::Sql => &self.sql_scheduler,
+            Which::Http => &self.http_scheduler,
+        };
+        while Utc::now() < due_at + TimeDelta::seconds(60) {
+            match scheduler.schedule(plan.id.as_str(), due_at).await {
+                Ok(_) => return true,
+                Err(_) => {
+                    self.ledger.lock().await.schedule_errors += 1;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+        false
+    }
+
+    /// A poison message into the sql world's due queue every 30-90 s, each
+    /// confirmed (retried on another node when one is down).
+    async fn poison(self: Arc<Self>, seed: u64, stop: CancellationToken) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let due_queue = self.world.sql.ladder().due_queue();
+        let mut n = 0;
+        loop {
+            let gap = Duration::from_secs(rng.random_range(30..90));
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(gap) => {}
+            }
+            n += 1;
+            let body = format!("poison {n}: this is not an expiry message");
+            for attempt in 0..30 {
+                if publish_confirmed(attempt % 3 + 1, &due_queue, body.as_bytes()).await {
+                    self.ledger.lock().await.poison += 1;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+/// One in five paid: one in four of those in the last 300 ms before the
+/// deadline, the rest at a random time before it.
+fn payment(rng: &mut StdRng, delay_ms: i64) -> Option<Duration> {
+    if !rng.random_bool(0.2) {
+        return None;
+    }
+    let at_ms = if rng.random_bool(0.25) {
+        delay_ms - rng.random_range(0..300)
+    } else {
+        rng.random_range(500..(delay_ms - 1_000).max(501))
+    };
+    Some(Duration::from_millis(
+        u64::try_from(at_ms.max(0)).unwrap_or(0),
+    ))
+}
+
+/// Moves the deadline of `id` to `later` if it is still unpaid.
+async fn extend(store: &PgOrderStore, id: &str, later: DateTime<Utc>) -> bool {
+    retry_value(later, || async {
+        let client = store.client().await.map_err(|e| e.to_string())?;
+        client
+            .execute(
+                "UPDATE orders SET pay_deadline = $2 WHERE id = $1 AND status = 'unpaid'",
+                &[&id, &later],
+            )
+            .await
+            .map(|n| n == 1)
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap_or(false)
+}
+
+/// `body` into `queue` through node `n`, with a publisher confirm.
+async fn publish_confirmed(n: usize, queue: &str, body: &[u8]) -> bool {
+    let attempt = async {
+        let url = cluster::node_url(n, VHOST);
+        let connection = Connection::connect(&url, ConnectionProperties::default()).await?;
+        let channel = connection.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        let confirm = channel
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                body,
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await?
+            .await?;
+        let _ = connection.close(200, "published".into()).await;
+        Ok::<_, lapin::Error>(confirm.is_ack())
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(10), attempt).await,
+        Ok(Ok(true))
+    )
+}
+
+/// Runs `op` every 200 ms until it succeeds (true) or `give_up` passes (false).
+async fn retry<F, Fut, T, E>(give_up: DateTime<Utc>, op: F) -> bool
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    retry_value(give_up, op).await.is_some()
+}
+
+/// [`retry`], with the value.
+async fn retry_value<F, Fut, T, E>(give_up: DateTime<Utc>, op: F) -> Option<T>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    loop {
+        if let Ok(Ok(value)) = tokio::time::timeout(Duration::from_secs(10), op()).await {
+            return Some(value);
+        }
+        if Utc::now() > give_up {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn sleep_until(at: DateTime<Utc>) {
+    if let Ok(wait) = (at - Utc::now()).to_std() {
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// `at` to whole milliseconds, as the wire format carries it.
+fn whole_ms(at: DateTime<Utc>) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(at.timestamp_millis()).unwrap_or(at)
+}

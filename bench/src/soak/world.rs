@@ -1,0 +1,380 @@
+//! The soak's world on the local three-node cluster: two isolated worlds (each
+//! its own topology prefix and PostgreSQL schema) in the soak's vhost, and the
+//! processes that serve them.
+//!
+//! - **sql**: the SQL action, two `serve` (connected to node 1 and node 2
+//!   first), the outbox relay on, the sweeper on with a grace longer than every
+//!   fault's bound (so a sweep is a finding, not a repair); they reach
+//!   PostgreSQL through a [`Proxy`] that the database-route fault blackholes.
+//!   Its sweep statement marks what it cancels (`cancelled_by = 'sweeper'`),
+//!   so the checker tells the ladder's cancels from the sweeper's.
+//! - **http**: the HTTP action and the payment check, one `serve` (node 3
+//!   first), against an [`Endpoint`] that is the order service (its expire
+//!   cancels in the world's orders table) and the payment gateway.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use order_expiry::Settings;
+use order_expiry_testkit::{Child, Endpoint, Launch, Proxy, World, cluster};
+use secrecy::{ExposeSecret, SecretString};
+use tokio::sync::Mutex;
+
+/// The vhost the soak's worlds live in, made on the cluster when missing.
+pub(super) const VHOST: &str = "order-expiry-soak";
+
+/// Ladder levels: delays up to 63 s.
+const LEVELS: u8 = 6;
+
+/// The sweeper's grace in the sql world: longer than the largest bound of
+/// [`super::faults::Kind::bound`] (a hung node, 90 s), so that the sweeper
+/// cancels only what the ladder failed to deliver within its bound, and every
+/// sweep the checker cannot explain is a violation.
+pub(super) const SWEEP_GRACE: Duration = Duration::from_secs(120);
+
+/// The default sweep statement, marking what it cancels.
+const SWEEP_SQL: &str = "UPDATE orders SET status = 'cancelled', cancelled_at = now(), \
+     cancelled_by = 'sweeper' WHERE id IN (SELECT id FROM orders WHERE status = 'unpaid' \
+     AND pay_deadline < now() - make_interval(secs => $1) ORDER BY pay_deadline LIMIT $2 \
+     FOR UPDATE SKIP LOCKED) AND status = 'unpaid' RETURNING id";
+
+/// Which world a process or an order belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Which {
+    /// The SQL action, library and outbox, sweeper on.
+    Sql,
+    /// The HTTP action with the payment check.
+    Http,
+}
+
+/// One `serve` the soak keeps running: its world, the node its URL list names
+/// first, the running process (none while a fault has killed it).
+#[derive(Debug)]
+struct Slot {
+    name: String,
+    which: Which,
+    first: usize,
+    child: Option<Child>,
+    starts: u32,
+}
+
+/// The worlds, the proxy, the endpoint and the `serve` processes.
+#[derive(Debug)]
+pub(super) struct SoakWorld {
+    pub(super) sql: World,
+    pub(super) http: World,
+    /// The http world's order service and payment gateway.
+    pub(super) endpoint: Endpoint,
+    /// The sql world's `serve` processes reach PostgreSQL through it.
+    pub(super) db_proxy: Proxy,
+    binary: PathBuf,
+    logs: PathBuf,
+    slots: Mutex<Vec<Slot>>,
+}
+
+impl SoakWorld {
+    /// Makes the vhost, both worlds (topology declared through the URL list),
+    /// the proxy and the endpoint, and starts the three `serve`.
+    pub(super) async fn start(
+        base: &Settings,
+        binary: PathBuf,
+        logs: PathBuf,
+    ) -> anyhow::Result<Self> {
+        ensure_vhost().await?;
+        let sql = world(base, "soak-sql").await?;
+        let http = world(base, "soak-http").await?;
+        sql.store
+            .client()
+            .await?
+            .batch_execute("ALTER TABLE orders ADD COLUMN cancelled_by text")
+            .await
+            .context("adding orders.cancelled_by")?;
+        let upstream = postgres_addr(base)?;
+        let db_proxy = Proxy::start(upstream).await;
+        let endpoint = Endpoint::order_service(std::sync::Arc::clone(&http.store)).await;
+        std::fs::create_dir_all(&logs).context("the log directory")?;
+        let slots = vec![
+            slot("serve-sql-1", Which::Sql, 1),
+            slot("serve-sql-2", Which::Sql, 2),
+            slot("serve-http-3", Which::Http, 3),
+        ];
+        let world = Self {
+            sql,
+            http,
+            endpoint,
+            db_proxy,
+            binary,
+            logs,
+            slots: Mutex::new(slots),
+        };
+        for i in 0..3 {
+            world.start_serve(i).await?;
+        }
+        Ok(world)
+    }
+
+    /// The settings of `which`'s world with the URL list (node `first` first).
+    pub(super) fn settings(&self, which: Which, first: usize) -> Settings {
+        let mut settings = match which {
+            Which::Sql => self.sql.settings.clone(),
+            Which::Http => self.http.settings.clone(),
+        };
+        settings.amqp.url = SecretString::from(cluster::url_list(first, VHOST));
+        settings
+    }
+
+    /// How many `serve` slots there are.
+    pub(super) async fn serve_count(&self) -> usize {
+        self.slots.lock().await.len()
+    }
+
+    /// Starts slot `i`'s `serve` (again); waits until `/readyz` says 200 or
+    /// 30 s passed (a serve started during a fault may not be ready yet).
+    pub(super) async fn start_serve(&self, i: usize) -> anyhow::Result<()> {
+        let mut slots = self.slots.lock().await;
+        let slot = &mut slots[i];
+        slot.starts += 1;
+        let log = self.logs.join(format!("{}-{}.log", slot.name, slot.starts));
+        let mut settings = self.settings(slot.which, slot.first);
+        let port = order_expiry_testkit::free_port();
+        settings.http.listen = format!("127.0.0.1:{port}");
+        let mut launch = Launch::new(&self.binary, log)
+            .args(["serve"])
+            .env("ORDER_EXPIRY__AMQP__RECONNECT_MAX_MS", "1000")
+            .env("ORDER_EXPIRY__LOG__FORMAT", "json")
+            .env("ORDER_EXPIRY__LOG__FILTER", "info");
+        match slot.which {
+            Which::Sql => {
+                let through_proxy = settings
+                    .database
+                    .url
+                    .expose_secret()
+                    .replace("127.0.0.1:5432", &self.db_proxy.addr().to_string());
+                settings.database.url = SecretString::from(through_proxy);
+                settings.sweeper.enabled = true;
+                settings.sweeper.grace = SWEEP_GRACE;
+                launch = launch
+                    .settings(&settings)
+                    .env("ORDER_EXPIRY__SWEEPER__SWEEP_SQL", SWEEP_SQL)
+                    .env("ORDER_EXPIRY__OUTBOX__ENABLED", "true");
+            }
+            Which::Http => {
+                settings.sweeper.enabled = false;
+                let base = self.endpoint.base_url();
+                launch = launch
+                    .settings(&settings)
+                    .env("ORDER_EXPIRY__ACTION__KIND", "http")
+                    .env("ORDER_EXPIRY__ACTION__HTTP__BASE_URL", &base)
+                    .env("ORDER_EXPIRY__ACTION__HTTP__TIMEOUT_MS", "2000")
+                    .env("ORDER_EXPIRY__ACTION__CHECK__ENABLED", "true")
+                    .env("ORDER_EXPIRY__ACTION__CHECK__BASE_URL", &base)
+                    .env("ORDER_EXPIRY__ACTION__CHECK__TIMEOUT_MS", "2000")
+                    // Within what the soak's 6-level ladder holds (63 s).
+                    .env(
+                        "ORDER_EXPIRY__ACTION__CHECK__STEPS_MS",
+                        "1000,3000,5000,30000",
+                    )
+                    .env("ORDER_EXPIRY__OUTBOX__ENABLED", "false");
+            }
+        }
+        let child = launch.spawn().context("starting order-expiry serve")?;
+        slot.child = Some(child);
+        let name = slot.name.clone();
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        drop(slots);
+        // Not ready within 30 s is no error (a fault may be on); exiting is.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while tokio::time::Instant::now() < deadline {
+            if matches!(
+                order_expiry_testkit::http_get(addr, "/readyz").await,
+                Some((200, _))
+            ) {
+                return Ok(());
+            }
+            if !self.serve_running(i).await {
+                let slots = self.slots.lock().await;
+                let tail = slots[i]
+                    .child
+                    .as_ref()
+                    .map(|c| c.log_tail(5))
+                    .unwrap_or_default();
+                bail!("{name} exited at start-up: {tail}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(())
+    }
+
+    /// kill -9 of slot `i`'s `serve`; its name.
+    pub(super) async fn kill_serve(&self, i: usize) -> String {
+        let mut slots = self.slots.lock().await;
+        let slot = &mut slots[i];
+        if let Some(child) = slot.child.take() {
+            child.signal("-KILL");
+            // Dropping it reaps it.
+            drop(child);
+        }
+        slot.name.clone()
+    }
+
+    /// Whether slot `i`'s `serve` runs.
+    pub(super) async fn serve_running(&self, i: usize) -> bool {
+        let mut slots = self.slots.lock().await;
+        slots[i].child.as_mut().is_some_and(Child::running)
+    }
+
+    /// Which world slot `i` serves.
+    pub(super) async fn serve_world(&self, i: usize) -> Which {
+        self.slots.lock().await[i].which
+    }
+
+    /// The pids of the running `serve` processes, with their slot names.
+    pub(super) async fn serve_pids(&self) -> Vec<(String, u32)> {
+        let mut slots = self.slots.lock().await;
+        slots
+            .iter_mut()
+            .filter_map(|s| {
+                let running = s.child.as_mut().is_some_and(Child::running);
+                running.then(|| (s.name.clone(), s.child.as_ref().map_or(0, Child::pid)))
+            })
+            .collect()
+    }
+
+    /// Slots whose `serve` exited on its own (not killed by a fault): a finding.
+    pub(super) async fn exited(&self) -> Vec<String> {
+        let mut slots = self.slots.lock().await;
+        slots
+            .iter_mut()
+            .filter_map(|s| {
+                let exited = s.child.as_mut().is_some_and(|c| !c.running());
+                exited.then(|| s.name.clone())
+            })
+            .collect()
+    }
+
+    /// `order-expiry ARGS` with `which`'s settings (node `first` first); its
+    /// output, or why it failed, within `limit`.
+    pub(super) async fn cli(
+        &self,
+        which: Which,
+        args: &[&str],
+        limit: Duration,
+    ) -> anyhow::Result<String> {
+        let settings = self.settings(which, 1);
+        let mut command = tokio::process::Command::new(&self.binary);
+        command
+            .args(args)
+            .env_remove("RUST_LOG")
+            .envs(order_expiry_testkit::settings_env(&settings))
+            .kill_on_drop(true);
+        let out = tokio::time::timeout(limit, command.output())
+            .await
+            .with_context(|| format!("order-expiry {args:?} took over {limit:?}"))??;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if !out.status.success() {
+            bail!("order-expiry {args:?} exited {}: {text}", out.status);
+        }
+        Ok(text)
+    }
+
+    /// Stops every `serve` (SIGTERM; a clean exit within 30 s expected) and
+    /// removes both worlds. Logs stay in the report directory.
+    pub(super) async fn finish(self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let slots = std::mem::take(&mut *self.slots.lock().await);
+        for slot in slots {
+            if let Some(child) = slot.child {
+                let log = child.log_path().to_owned();
+                if let Err(e) = stop_keeping_log(child).await {
+                    problems.push(format!("{}: {e} ({})", slot.name, log.display()));
+                }
+            }
+        }
+        self.sql.cleanup().await;
+        self.http.cleanup().await;
+        problems
+    }
+
+    /// Where the logs go.
+    pub(super) fn logs(&self) -> &Path {
+        &self.logs
+    }
+}
+
+/// SIGTERM and a clean exit within 30 s; the log is kept either way.
+async fn stop_keeping_log(mut child: Child) -> anyhow::Result<()> {
+    if !child.running() {
+        bail!("it had exited: {}", child.log_tail(3));
+    }
+    child.signal("-TERM");
+    match child.wait_exit(Duration::from_secs(30)).await {
+        Some(status) if status.success() => Ok(()),
+        Some(status) => bail!("exited with {status}"),
+        None => bail!("did not exit within 30 s of SIGTERM"),
+    }
+}
+
+fn slot(name: &str, which: Which, first: usize) -> Slot {
+    Slot {
+        name: name.to_owned(),
+        which,
+        first,
+        child: None,
+        starts: 0,
+    }
+}
+
+/// One world on the cluster, its topology declared through the URL list.
+async fn world(base: &Settings, kind: &str) -> anyhow::Result<World> {
+    let mut settings = base.clone();
+    settings.topology.levels = LEVELS;
+    settings.sweeper.enabled = false;
+    let mut world = World::builder()
+        .settings(settings)
+        .amqp_url(&cluster::node_url(1, VHOST))
+        .kind(kind)
+        .declare(false)
+        .build()
+        .await
+        .with_context(|| {
+            format!("the {kind} world (is the cluster up? scripts/lib/cluster.sh up)")
+        })?;
+    world.settings.amqp.url = SecretString::from(cluster::url_list(1, VHOST));
+    let settings = world.settings.clone();
+    world.declare(&settings).await?;
+    Ok(world)
+}
+
+/// The soak's vhost on the cluster, with guest's permissions.
+async fn ensure_vhost() -> anyhow::Result<()> {
+    let existing = cluster::ctl(1, &["list_vhosts"])
+        .await
+        .map_err(anyhow::Error::msg)?;
+    if !existing.lines().any(|l| l.trim() == VHOST) {
+        cluster::ctl(1, &["add_vhost", VHOST])
+            .await
+            .map_err(anyhow::Error::msg)?;
+    }
+    cluster::ctl(
+        1,
+        &["set_permissions", "-p", VHOST, "guest", ".*", ".*", ".*"],
+    )
+    .await
+    .map_err(anyhow::Error::msg)?;
+    Ok(())
+}
+
+/// The address of `base`'s PostgreSQL (`127.0.0.1:5432` in the defaults).
+fn postgres_addr(base: &Settings) -> anyhow::Result<SocketAddr> {
+    let url = base.database.url.expose_secret();
+    if !url.contains("127.0.0.1:5432") {
+        bail!("the soak proxies the database at 127.0.0.1:5432; database.url is elsewhere");
+    }
+    Ok(SocketAddr::from(([127, 0, 0, 1], 5432)))
+}
