@@ -255,3 +255,162 @@ fn delta(d: Duration) -> TimeDelta {
 pub(super) fn fmt_late(d: TimeDelta) -> String {
     format!("{:.3} s", d.num_milliseconds() as f64 / 1000.0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::soak::faults::Kind;
+
+    fn at(s: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + s, 0).expect("a time")
+    }
+
+    fn order(id: &str, due: i64) -> Order {
+        Order {
+            id: id.into(),
+            which: Which::Sql,
+            route: Route::Library,
+            burst: false,
+            created: at(0),
+            due_at: at(due),
+            extended_from: None,
+            scheduled: true,
+            paid: false,
+            gateway: Gateway::Unpaid,
+        }
+    }
+
+    fn row(due: i64, cancelled: Option<i64>, by: Option<&str>) -> Row {
+        Row {
+            status: if cancelled.is_some() {
+                "cancelled"
+            } else {
+                "unpaid"
+            }
+            .into(),
+            pay_deadline: at(due),
+            cancelled_at: cancelled.map(at),
+            cancelled_by: by.map(str::to_owned),
+        }
+    }
+
+    /// The checker's verdict on one sql-world order and its row, with `faults`.
+    fn verdict(order: Order, row: Row, faults: &[Record]) -> Verdict {
+        let ledger = Ledger {
+            orders: vec![order.clone()],
+            ..Ledger::default()
+        };
+        let rows = HashMap::from([(order.id.clone(), row)]);
+        let queues = vec![("p.parked".to_owned(), 0)];
+        check(&End {
+            ledger: &ledger,
+            faults,
+            slot_worlds: &[Which::Sql],
+            sql_rows: &rows,
+            http_rows: &HashMap::new(),
+            queues: &queues,
+            sql_parked_queue: "p.parked".into(),
+            exited: &[],
+            memory: &Samples::default(),
+            duration: Duration::from_secs(60),
+        })
+    }
+
+    #[test]
+    fn on_time_passes_and_each_broken_promise_is_a_violation() {
+        assert!(
+            verdict(order("a", 10), row(10, Some(11), None), &[])
+                .violations
+                .is_empty()
+        );
+        let early = verdict(order("a", 10), row(10, Some(9), None), &[]);
+        assert!(
+            early.violations[0].contains("early"),
+            "{:?}",
+            early.violations
+        );
+        let lost = verdict(order("a", 10), row(10, None, None), &[]);
+        assert!(lost.violations[0].contains("lost"), "{:?}", lost.violations);
+        let late = verdict(order("a", 10), row(10, Some(16), None), &[]);
+        assert!(
+            late.violations[0].contains("beyond its bound"),
+            "{:?}",
+            late.violations
+        );
+        let mut paid = order("a", 10);
+        paid.paid = true;
+        let wrongly = verdict(paid, row(10, Some(11), None), &[]);
+        assert!(
+            wrongly.violations[0].contains("paid, yet cancelled"),
+            "{:?}",
+            wrongly.violations
+        );
+        let swept = verdict(order("a", 10), row(10, Some(131), Some("sweeper")), &[]);
+        assert!(
+            swept.violations[0].contains("by the sweeper"),
+            "{:?}",
+            swept.violations
+        );
+    }
+
+    #[test]
+    fn a_fault_in_flight_stretches_the_bound_from_its_repair_and_only_for_its_world() {
+        let kill = Record {
+            kind: Kind::NodeKill {
+                node: 1,
+                down: Duration::from_secs(5),
+            },
+            started: at(5),
+            recovered: at(30),
+            error: None,
+        };
+        // Due at 10, repaired at 30: 10 s + 5 s past the repair is allowed.
+        let v = verdict(
+            order("a", 10),
+            row(10, Some(44), None),
+            std::slice::from_ref(&kill),
+        );
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        assert_eq!(v.per_fault, vec![(1, Duration::from_secs(34))]);
+        let v = verdict(order("a", 10), row(10, Some(46), None), &[kill]);
+        assert_eq!(v.violations.len(), 1, "{:?}", v.violations);
+        // A gateway outage cannot excuse the sql world.
+        let gateway = Record {
+            kind: Kind::GatewayDown {
+                lasting: Duration::from_secs(20),
+                hangs: false,
+            },
+            started: at(5),
+            recovered: at(30),
+            error: None,
+        };
+        let v = verdict(order("a", 10), row(10, Some(20), None), &[gateway]);
+        assert_eq!(v.violations.len(), 1, "{:?}", v.violations);
+    }
+
+    #[test]
+    fn never_scheduled_orders_must_be_swept_and_only_they_may_be() {
+        let mut unscheduled = order("u", 10);
+        unscheduled.route = Route::Unscheduled;
+        unscheduled.scheduled = false;
+        let swept = verdict(
+            unscheduled.clone(),
+            row(10, Some(131), Some("sweeper")),
+            &[],
+        );
+        assert!(swept.violations.is_empty(), "{:?}", swept.violations);
+        assert_eq!((swept.swept, swept.swept_explained), (1, 1));
+        let never = verdict(unscheduled.clone(), row(10, None, None), &[]);
+        assert!(
+            never.violations[0].contains("never swept"),
+            "{:?}",
+            never.violations
+        );
+        let by_ladder = verdict(unscheduled, row(10, Some(11), None), &[]);
+        assert!(
+            by_ladder.violations[0].contains("by the ladder"),
+            "{:?}",
+            by_ladder.violations
+        );
+    }
+}

@@ -128,6 +128,7 @@ pub async fn run(settings: &Settings, args: &SoakArgs) -> anyhow::Result<()> {
     let memory = memory.await.context("the memory watch")?;
 
     let queues = queues(&world).await;
+    let left = leftovers(&world, &queues, &ledger).await;
     let exited = world.exited().await;
     let mut slot_worlds = Vec::new();
     for slot in 0..world.serve_count().await {
@@ -145,6 +146,7 @@ pub async fn run(settings: &Settings, args: &SoakArgs) -> anyhow::Result<()> {
         memory: &memory,
         duration: args.duration,
     });
+    verdict.violations.extend(left);
     let logs = world.logs().to_owned();
     let world = Arc::into_inner(world).context("the world is still shared")?;
     for problem in world.finish().await {
@@ -228,10 +230,65 @@ async fn settle(
             if !settled {
                 println!("soak: {waiting} orders still unpaid and {parked} parked at the limit");
             }
+            drain(world, ledger).await;
             return Ok((sql, http));
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// What `queue` should hold at the end: the poison in the sql world's parked
+/// queue, nothing anywhere else.
+fn expected(world: &SoakWorld, ledger: &Ledger, queue: &str) -> u64 {
+    if queue == world.sql.ladder().parked_queue() {
+        ledger.poison as u64
+    } else {
+        0
+    }
+}
+
+/// Waits (at most 90 s: the longest delay of the soak's 6-level ladder is
+/// 63 s) until every queue of both worlds holds what it should at the end: a
+/// message still travelling for an order already settled (a duplicate of a
+/// retried publish, an extended order's first message) arrives and is acked.
+/// What is left after that is stuck, and the checker says so.
+async fn drain(world: &SoakWorld, ledger: &Ledger) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    while tokio::time::Instant::now() < deadline {
+        let queues = queues(world).await;
+        if queues
+            .iter()
+            .all(|(name, messages)| *messages == expected(world, ledger, name))
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// One message of each ladder or due queue that should be empty and is not
+/// (taken off it: the world is removed next), for the report.
+async fn leftovers(world: &SoakWorld, queues: &[(String, u64)], ledger: &Ledger) -> Vec<String> {
+    let mut found = Vec::new();
+    for (name, messages) in queues {
+        let parked = *name == world.sql.ladder().parked_queue();
+        if parked || *messages == expected(world, ledger, name) {
+            continue;
+        }
+        let w = if name.starts_with(&format!("{}.", world.sql.settings.topology.prefix)) {
+            &world.sql
+        } else {
+            &world.http
+        };
+        if let Some(message) = w.get(name).await {
+            found.push(format!(
+                "left in {name}: {} (headers {:?})",
+                String::from_utf8_lossy(&message.delivery.data),
+                message.delivery.properties.headers()
+            ));
+        }
+    }
+    found
 }
 
 /// Every row of `which`'s orders table.
