@@ -57,8 +57,9 @@ pub(super) struct Verdict {
     pub(super) swept_explained: usize,
     pub(super) never_scheduled: usize,
     pub(super) cancels: Vec<Cancel>,
-    /// Per fault (index into the records): orders in flight during it, and
-    /// the worst lateness among them.
+    /// Per fault (index into the records): the orders whose bound it set (of
+    /// the faults that overlapped an order's time in flight, the one whose
+    /// repair plus bound came last), and the worst lateness among them.
     pub(super) per_fault: Vec<(usize, Duration)>,
     pub(super) violations: Vec<String>,
 }
@@ -191,6 +192,10 @@ fn judge(end: &End<'_>, order: &Order, row: &Row, v: &mut Verdict) {
     if !order.scheduled {
         limit += delta(SWEEP_GRACE) + TimeDelta::seconds(1);
     }
+    // The fault whose repair and bound set the limit: the order's lateness is
+    // put down to it in the report (a never-scheduled order waits for the
+    // sweeper's grace by design, and is put down to none).
+    let mut binding = None;
     for (i, fault) in end.faults.iter().enumerate() {
         let in_flight = fault.started <= cancelled_at && fault.recovered >= order.created;
         if in_flight
@@ -199,14 +204,17 @@ fn judge(end: &End<'_>, order: &Order, row: &Row, v: &mut Verdict) {
                 .affects(order.which, |slot| end.slot_worlds[slot])
         {
             let from = row.pay_deadline.max(fault.recovered);
-            limit = limit.max(from + delta(fault.kind.bound()));
-            // A never-scheduled order waits for the sweeper's grace by design.
-            if order.scheduled {
-                let (n, worst) = &mut v.per_fault[i];
-                *n += 1;
-                *worst = (*worst).max(late);
+            let fault_limit = from + delta(fault.kind.bound());
+            if fault_limit > limit {
+                limit = fault_limit;
+                binding = Some(i);
             }
         }
+    }
+    if let (Some(i), true) = (binding, order.scheduled) {
+        let (n, worst) = &mut v.per_fault[i];
+        *n += 1;
+        *worst = (*worst).max(late);
     }
     if cancelled_at > limit {
         v.violations.push(format!(
@@ -372,6 +380,26 @@ mod tests {
         );
         assert!(v.violations.is_empty(), "{:?}", v.violations);
         assert_eq!(v.per_fault, vec![(1, Duration::from_secs(34))]);
+        // Of two faults, the one repaired last (plus its bound) is the
+        // order's: the report puts its lateness down to that one.
+        let blackhole = Record {
+            kind: Kind::DatabaseBlackhole {
+                lasting: Duration::from_secs(30),
+            },
+            started: at(8),
+            recovered: at(38),
+            error: None,
+        };
+        let v = verdict(
+            order("a", 10),
+            row(10, Some(44), None),
+            &[kill.clone(), blackhole],
+        );
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        assert_eq!(
+            v.per_fault,
+            vec![(0, Duration::ZERO), (1, Duration::from_secs(34))]
+        );
         let v = verdict(order("a", 10), row(10, Some(46), None), &[kill]);
         assert_eq!(v.violations.len(), 1, "{:?}", v.violations);
         // A gateway outage cannot excuse the sql world.

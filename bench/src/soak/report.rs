@@ -39,7 +39,7 @@ pub(super) fn text(run: &Run<'_>) -> String {
     );
     let _ = writeln!(
         out,
-        "\n| at | fault | lasted | orders in flight | worst lateness among them |\n| --- | --- | --- | --- | --- |"
+        "\n| at | fault | lasted | orders it held up | worst lateness among them |\n| --- | --- | --- | --- | --- |"
     );
     for (fault, (n, worst)) in run.faults.iter().zip(&v.per_fault) {
         let _ = writeln!(
