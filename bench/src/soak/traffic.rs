@@ -128,8 +128,8 @@ impl Traffic {
 
     /// Runs the order services, the bursts and the poison producer until
     /// `stop`; then waits for every order's task (its payment, extension and
-    /// retries) and returns the ledger. Unscheduled orders stop `quiet` before
-    /// the end, so the sweeper's grace passes before the soak checks.
+    /// retries) and returns the ledger. Unscheduled orders stop at
+    /// `unscheduled_until`, so the sweeper's grace passes before the soak checks.
     pub(super) async fn run(
         self: Arc<Self>,
         seed: u64,

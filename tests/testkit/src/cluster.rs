@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 /// The cluster `scripts/lib/cluster.sh` runs: its node names and AMQP ports,
 /// node 1 first, as `cluster.sh env` prints them. That depends on
 /// `ORDER_EXPIRY_RMQ4_SUITE` (forky: the 4.3 cluster `rabbit43c1..3` on
-/// 5695-5697; trixie, the default: the 4.0 one, `rabbit4c1..3` on 5691-5693),
-/// which the tests pass on to every `cluster.sh` call they make.
+/// 5695-5697; trixie: the 4.0 one, `rabbit4c1..3` on 5691-5693), which every
+/// `cluster.sh` call here passes on, `forky` when it is not set ([`suite`]).
 #[derive(Debug)]
 pub struct Layout {
     /// `rabbit43c1@localhost`, ...
