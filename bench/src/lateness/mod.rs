@@ -19,6 +19,7 @@
 mod naive;
 mod plot;
 mod report;
+mod stalls;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -42,7 +43,8 @@ use tokio_util::time::DelayQueue;
 
 use crate::goals;
 
-pub use self::report::{Report, Row, table};
+pub use self::report::{LATE_MS, LateOrder, Report, Row, table};
+pub use self::stalls::{Stall, Stalls};
 
 /// Arguments of `lateness`.
 #[derive(Debug, Clone, Args)]
@@ -162,6 +164,7 @@ async fn measure_in(
         let consumer = Consumer::new(s, Arc::clone(&world.store), Arc::new(Readiness::default()))?;
         consumers.push(tokio::spawn(consumer.run(stop.clone())));
     }
+    let watch = stalls::StallWatch::start();
     let designs = if naive.is_some() { 2 } else { 1 };
     let total = count * designs + args.burst;
     let progress = progress_bar(total, args.quiet);
@@ -201,6 +204,7 @@ async fn measure_in(
         let _ = c.await;
     }
     payer.abort();
+    let stalls = watch.finish().await;
     scheduled?;
     let mut rows = vec![Row::read(world, "ladder", "L-%", count).await?];
     if args.burst > 0 {
@@ -217,6 +221,7 @@ async fn measure_in(
         max_delay_s: args.max_delay.as_secs_f64(),
         pay_share: args.pay_share,
         queue_type: world.settings.topology.queue_type.as_str().to_owned(),
+        stalls,
         burst: args.burst,
         burst_over_s: args.burst_over.as_secs_f64(),
         burst_min_delay_s: args.burst_min_delay.as_secs_f64(),

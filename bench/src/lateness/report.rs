@@ -6,6 +6,7 @@ use std::path::Path;
 use order_expiry_testkit::World;
 use serde::Serialize;
 
+use super::stalls::Stalls;
 use crate::goals::{Bench, Measurement};
 use crate::{fmt_ms, percentile};
 
@@ -35,6 +36,22 @@ pub struct Row {
     /// Every cancelled order's lateness, sorted.
     #[serde(skip)]
     pub lateness_ms: Vec<f64>,
+    /// The orders cancelled more than [`LATE_MS`] late, by due time: when a
+    /// run is late, whether it was a moment (a stall) or all along.
+    #[serde(skip)]
+    pub late: Vec<LateOrder>,
+}
+
+/// Lateness from which an order is listed in [`Row::late`], ms.
+pub const LATE_MS: f64 = 250.0;
+
+/// One order cancelled more than [`LATE_MS`] late.
+#[derive(Debug, Clone)]
+pub struct LateOrder {
+    /// Its due time.
+    pub due_at: chrono::DateTime<chrono::Utc>,
+    /// How late it was cancelled, ms.
+    pub lateness_ms: f64,
 }
 
 /// The benchmark's result.
@@ -54,6 +71,8 @@ pub struct Report {
     pub pay_share: f64,
     /// Holding queue type of the ladder.
     pub queue_type: String,
+    /// Whether the machine or the process stood still during the run.
+    pub stalls: Stalls,
     /// Flash-sale orders on top of the steady stream (0: none).
     pub burst: usize,
     /// How long the flash sale took to place, seconds.
@@ -87,6 +106,7 @@ impl Row {
             p999_ms: percentile(&lateness_ms, 99.9),
             max_ms: lateness_ms.last().copied().unwrap_or(0.0),
             lateness_ms,
+            late: Vec::new(),
         }
     }
 
@@ -99,16 +119,26 @@ impl Row {
         orders: usize,
     ) -> anyhow::Result<Self> {
         let client = world.store.client().await?;
-        let lateness: Vec<f64> = client
+        let cancelled: Vec<(f64, chrono::DateTime<chrono::Utc>)> = client
             .query(
-                "SELECT extract(epoch FROM cancelled_at - pay_deadline)::float8 * 1000
+                "SELECT extract(epoch FROM cancelled_at - pay_deadline)::float8 * 1000, pay_deadline
                  FROM orders WHERE id LIKE $1 AND status = 'cancelled'",
                 &[&pattern],
             )
             .await?
             .iter()
-            .map(|r| r.try_get(0))
-            .collect::<Result<_, _>>()?;
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<_, tokio_postgres::Error>>()?;
+        let mut late: Vec<LateOrder> = cancelled
+            .iter()
+            .filter(|(lateness_ms, _)| *lateness_ms > LATE_MS)
+            .map(|&(lateness_ms, due_at)| LateOrder {
+                due_at,
+                lateness_ms,
+            })
+            .collect();
+        late.sort_by_key(|o| o.due_at);
+        let lateness = cancelled.into_iter().map(|(l, _)| l).collect();
         let missed: i64 = client
             .query_one(
                 "SELECT count(*) FROM orders WHERE id LIKE $1 AND status = 'unpaid'",
@@ -116,12 +146,32 @@ impl Row {
             )
             .await?
             .try_get(0)?;
-        Ok(Self::from_lateness(
-            design,
-            orders,
-            missed as usize,
-            lateness,
-        ))
+        Ok(Self {
+            late,
+            ..Self::from_lateness(design, orders, missed as usize, lateness)
+        })
+    }
+
+    /// The late orders by the second they were due, e.g. `14:12:03 12 up to
+    /// 1.4 s`: empty when none was later than [`LATE_MS`].
+    pub fn late_by_second(&self) -> Vec<String> {
+        let mut out: Vec<(i64, usize, f64)> = Vec::new();
+        for o in &self.late {
+            let second = o.due_at.timestamp();
+            match out.last_mut() {
+                Some((s, n, worst)) if *s == second => {
+                    *n += 1;
+                    *worst = worst.max(o.lateness_ms);
+                }
+                _ => out.push((second, 1, o.lateness_ms)),
+            }
+        }
+        out.into_iter()
+            .map(|(second, n, worst)| {
+                let at = chrono::DateTime::from_timestamp(second, 0).unwrap_or_default();
+                format!("{} {n} up to {}", at.format("%H:%M:%S"), fmt_ms(worst))
+            })
+            .collect()
     }
 }
 
@@ -214,6 +264,26 @@ pub fn table(report: &Report) -> String {
             fmt_ms(r.max_ms)
         ));
     }
+    // The first dozen seconds: enough to tell a moment's stall from a run late
+    // all along.
+    const SHOWN: usize = 12;
+    for r in &report.rows {
+        let late = r.late_by_second();
+        if !late.is_empty() {
+            let more = match late.len().saturating_sub(SHOWN) {
+                0 => String::new(),
+                n => format!("; and {n} more seconds"),
+            };
+            out.push_str(&format!(
+                "{}: {} later than {LATE_MS} ms, by the second due: {}{more}\n",
+                r.design,
+                r.late.len(),
+                late[..late.len().min(SHOWN)].join("; ")
+            ));
+        }
+    }
+    out.push_str(&report.stalls.line());
+    out.push('\n');
     out
 }
 
@@ -231,12 +301,40 @@ mod tests {
             max_delay_s: 20.0,
             pay_share: 0.2,
             queue_type: "quorum".into(),
+            stalls: Stalls::default(),
             burst,
             burst_over_s: 1.0,
             burst_min_delay_s: 1.0,
             burst_max_delay_s: 15.0,
             max_in_flight: 50,
         }
+    }
+
+    #[test]
+    fn late_orders_are_told_by_the_second_they_were_due() {
+        let at = |s: i64, ms: i64| {
+            chrono::DateTime::from_timestamp(s, 0).unwrap() + chrono::TimeDelta::milliseconds(ms)
+        };
+        let mut row = Row::from_lateness("ladder", 10, 0, vec![3.0; 10]);
+        assert!(row.late_by_second().is_empty());
+        row.late = vec![
+            LateOrder {
+                due_at: at(3, 100),
+                lateness_ms: 1283.5,
+            },
+            LateOrder {
+                due_at: at(3, 900),
+                lateness_ms: 400.0,
+            },
+            LateOrder {
+                due_at: at(5, 0),
+                lateness_ms: 300.0,
+            },
+        ];
+        assert_eq!(
+            row.late_by_second(),
+            ["00:00:03 2 up to 1283.5 ms", "00:00:05 1 up to 300.0 ms"]
+        );
     }
 
     #[test]
