@@ -31,6 +31,7 @@ mod poison;
 mod poison_corpus;
 mod readme;
 mod redelivery;
+mod returns;
 mod scheduling;
 mod secrets;
 mod sweeper;

@@ -1,0 +1,99 @@
+//! A publish the broker returns is told to its own caller, and only to it.
+//!
+//! RabbitMQ confirms several publishes with one multiple-ack when they are
+//! settled together, and sends each `basic.return` before the ack that covers
+//! its publish. A return matched to the wrong confirm of such an ack tells
+//! one caller "scheduled" for a message the broker dropped (an order that is
+//! never cancelled) and another "unroutable" for a message that is in the
+//! ladder.
+//!
+//! The ladder here lacks its level 5 queue: an order due in 45 s enters the
+//! ladder there and is returned; one due in 10 s enters at level 3 and is
+//! kept. They are scheduled mixed, bundles off, with the window full.
+//!
+//! **It fails today** (2026-12-02, RabbitMQ 3.10: 3 runs of 4, each with 2 of
+//! 1,000 orders told wrong, one returned order told "scheduled" and one kept
+//! order told "unroutable"), so it is ignored until the fix lands. lapin 4
+//! hands the oldest waiting `basic.return` to whichever confirm it resolves
+//! next, and resolves a multiple-ack's tags in hash-map order; RabbitMQ only
+//! promises that a return comes before its own ack. Every publisher of the
+//! service relies on the attachment (the scheduler, the consumer's parks,
+//! re-checks and retries before their ack, the event action, `ladder
+//! migrate`), so each must match returns to its publishes by `message_id`.
+//! It matters only where the topology is broken (a queue or binding gone):
+//! a returned message is otherwise never sent.
+
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use order_expiry::ScheduleError;
+use order_expiry_testkit::World;
+
+/// Ready messages in the world's ladder: its holding queues (but the deleted
+/// one) and its due queue.
+async fn in_ladder(env: &World, gone: u8) -> u32 {
+    let ladder = env.ladder();
+    let mut total = env.depth(&ladder.due_queue()).await;
+    for level in (0..ladder.levels()).filter(|l| *l != gone) {
+        total += env.depth(&ladder.level_name(level)).await;
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "fails today: lapin matches returns to confirms by arrival, not by message (module docs)"]
+async fn each_returned_order_and_only_it_is_refused() {
+    let env = World::builder().kind("ret").build().await.expect("a world");
+    let level_5 = env.ladder().level_name(5);
+    env.channel()
+        .await
+        .queue_delete(level_5.as_str().into(), Default::default())
+        .await
+        .expect("level 5 deleted");
+    let now = Utc::now();
+    let returned = |i: usize| i % 5 == 2;
+    let orders: Vec<(String, DateTime<Utc>)> = (0..1_000)
+        .map(|i| {
+            let secs = if returned(i) { 45 } else { 10 };
+            (format!("r-{i:04}"), now + TimeDelta::seconds(secs))
+        })
+        .collect();
+    env.create_orders(&orders).await;
+    let scheduler = env.scheduler().with_bundle_max_orders(1);
+    let results = scheduler.schedule_many(orders.clone()).await;
+    scheduler.close().await;
+
+    let mut wrong = Vec::new();
+    for (i, result) in results.iter().enumerate() {
+        let ok = match result {
+            Ok(_) => !returned(i),
+            Err(ScheduleError::Unroutable { order_id, .. }) => {
+                returned(i) && *order_id == orders[i].0
+            }
+            Err(_) => false,
+        };
+        if !ok {
+            wrong.push(format!(
+                "{} (returned: {}): {result:?}",
+                orders[i].0,
+                returned(i)
+            ));
+        }
+    }
+    let kept = results.iter().filter(|r| r.is_ok()).count();
+    // What the broker kept has reached its queues by the time it is confirmed.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let held = in_ladder(&env, 5).await;
+    assert!(
+        wrong.is_empty(),
+        "{} of {} told wrong, e.g. {:?}",
+        wrong.len(),
+        orders.len(),
+        &wrong[..wrong.len().min(5)]
+    );
+    assert_eq!(
+        held as usize, kept,
+        "every order told scheduled is in the ladder"
+    );
+    env.cleanup().await;
+}
