@@ -6,8 +6,21 @@
 
 use std::time::Duration;
 
-use order_expiry_bench::lateness::{LatenessArgs, measure, table};
+use order_expiry::Settings;
+use order_expiry_bench::lateness::{LatenessArgs, Row, measure, table};
 use order_expiry_testkit::World;
+
+/// One run: printed, never early, none missed; its ladder row.
+async fn steady_run(settings: &Settings, args: &LatenessArgs) -> Row {
+    let report = measure(settings, args).await.expect("benchmark runs");
+    eprintln!("{}", table(&report));
+    let ladder = report.rows[0].clone();
+    assert_eq!(ladder.orders, 300);
+    assert!(ladder.cancelled > 150, "most orders are unpaid: {ladder:?}");
+    assert_eq!(ladder.missed, 0, "every unpaid order is cancelled");
+    assert_eq!(ladder.early, 0, "no order is cancelled early");
+    ladder
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_few_hundred_mixed_delays_are_never_early_and_p99_is_under_a_second() {
@@ -23,23 +36,11 @@ async fn a_few_hundred_mixed_delays_are_never_early_and_p99_is_under_a_second() 
     let mut settings = env.settings.clone();
     // The benchmark's world makes its own schema in the database of these settings.
     settings.database.url = secrecy::SecretString::from(order_expiry_testkit::database_url(None));
-    let mut p99_ms = f64::INFINITY;
-    for attempt in 1..=2 {
-        let report = measure(&settings, &args).await.expect("benchmark runs");
-        let ladder = &report.rows[0];
-        eprintln!("{}", table(&report));
-        assert_eq!(ladder.orders, 300);
-        assert!(ladder.cancelled > 150, "most orders are unpaid: {ladder:?}");
-        assert_eq!(ladder.missed, 0, "every unpaid order is cancelled");
-        assert_eq!(ladder.early, 0, "no order is cancelled early");
-        p99_ms = ladder.p99_ms;
-        if p99_ms < 1000.0 {
-            break;
-        }
-        if attempt == 1 {
-            eprintln!("p99 over a second (table above): measuring once more");
-        }
+    let mut ladder = steady_run(&settings, &args).await;
+    if ladder.p99_ms >= 1000.0 {
+        eprintln!("p99 over a second (table above): measuring once more");
+        ladder = steady_run(&settings, &args).await;
     }
-    assert!(p99_ms < 1000.0, "p99 {p99_ms} ms");
+    assert!(ladder.p99_ms < 1000.0, "p99 {} ms", ladder.p99_ms);
     env.cleanup().await;
 }

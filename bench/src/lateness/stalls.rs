@@ -60,7 +60,7 @@ pub(super) struct StallWatch {
 }
 
 impl StallWatch {
-    /// Starts both watchers; call from inside the run's runtime.
+    /// Starts the three watchers; call from inside the run's runtime.
     pub(super) fn start() -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
@@ -70,7 +70,7 @@ impl StallWatch {
                 while !stop.load(Ordering::Relaxed) {
                     let asleep = Instant::now();
                     std::thread::sleep(TICK);
-                    note(&mut seen, asleep.elapsed());
+                    note(&mut seen, asleep.elapsed().saturating_sub(TICK));
                 }
                 seen
             })
@@ -82,7 +82,7 @@ impl StallWatch {
                 while !stop.load(Ordering::Relaxed) {
                     let asleep = Instant::now();
                     tokio::time::sleep(TICK).await;
-                    note(&mut seen, asleep.elapsed());
+                    note(&mut seen, asleep.elapsed().saturating_sub(TICK));
                 }
                 seen
             })
@@ -148,17 +148,15 @@ fn watch_disk(stop: &AtomicBool) -> Vec<Stall> {
         if synced.is_err() {
             break;
         }
-        note(&mut seen, started.elapsed() + TICK);
+        note(&mut seen, started.elapsed());
         std::thread::sleep(SYNC_EVERY);
     }
     let _ = std::fs::remove_file(&path);
     seen
 }
 
-/// Notes a sleep of [`TICK`] that took `slept` when it overran by more than
-/// [`STALL`].
-fn note(seen: &mut Vec<Stall>, slept: Duration) {
-    let lag = slept.saturating_sub(TICK);
+/// Notes a wake-up `lag` late (or a sync that long) when it is over [`STALL`].
+fn note(seen: &mut Vec<Stall>, lag: Duration) {
     if lag > STALL {
         seen.push(Stall {
             at: Utc::now(),
@@ -238,8 +236,8 @@ mod tests {
     #[test]
     fn only_wake_ups_later_than_the_bound_are_stalls() {
         let mut seen = Vec::new();
-        note(&mut seen, TICK + Duration::from_millis(20));
-        note(&mut seen, TICK + Duration::from_millis(350));
+        note(&mut seen, Duration::from_millis(20));
+        note(&mut seen, Duration::from_millis(350));
         assert_eq!(seen.len(), 1);
         assert!(summary(&seen).starts_with("1 (worst 350 ms at "));
         assert_eq!(summary(&[]), "none");

@@ -391,6 +391,17 @@ impl World {
         );
     }
 
+    /// Ready messages in the world's ladder: its due queue and every holding
+    /// queue but `skip` (one a test deleted).
+    pub async fn ladder_depth(&self, skip: Option<u8>) -> u32 {
+        let ladder = self.ladder();
+        let mut total = self.depth(&ladder.due_queue()).await;
+        for level in (0..ladder.levels()).filter(|l| Some(*l) != skip) {
+            total += self.depth(&ladder.level_name(level)).await;
+        }
+        total
+    }
+
     /// Ready (not unacked) messages in a queue.
     pub async fn depth(&self, queue: &str) -> u32 {
         let passive = QueueDeclareOptions {
