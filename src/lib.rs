@@ -53,7 +53,8 @@
 //! - [`topology`]: ladder arithmetic, the one [`topology::Topology`] description,
 //!   declaring it, definitions export.
 //! - [`amqp`]: bounded, password-safe connect with TLS; the one timeout for
-//!   broker awaits; the broker errors the other errors carry.
+//!   broker awaits; the broker errors the other errors carry; confirmed
+//!   publishes, each told its own `basic.return`.
 //! - [`settings`]: typed [`Settings`]: `config/default.toml`, a file,
 //!   `ORDER_EXPIRY__…` variables.
 //! - `telemetry`: the metrics catalog; with `service`, the tracing subscriber

@@ -1,17 +1,18 @@
-//! One lazily opened connection with a confirm-mode channel, re-opened on the
-//! next use after it failed: the publisher's [`crate::Scheduler`] and the
-//! consumer's `order.expired` events both publish through one.
+//! One lazily opened connection with a confirm-mode channel ([`Confirms`]),
+//! re-opened on the next use after it failed: the publisher's
+//! [`crate::Scheduler`] and the consumer's `order.expired` events both publish
+//! through one.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use lapin::Connection;
 use lapin::options::ConfirmSelectOptions;
-use lapin::{Channel, Connection};
 use secrecy::SecretString;
 use thiserror::Error;
 use tokio::sync::Mutex;
 
-use super::{BrokerError, ConnectError, TlsFiles, bounded, close_failed, connect};
+use super::{BrokerError, Confirms, ConnectError, TlsFiles, bounded, close_failed, connect};
 
 /// Opening the link failed.
 #[derive(Debug, Error)]
@@ -25,7 +26,7 @@ pub(crate) enum LinkError {
 /// One connection and its confirm-mode channel.
 struct ConfirmChannel {
     connection: Connection,
-    channel: Channel,
+    confirms: Confirms,
     /// Tells links apart: channel ids repeat across connections.
     id: u64,
 }
@@ -72,13 +73,13 @@ impl ConfirmLink {
 
     /// The current channel and its link id, (re)connecting if there is none or
     /// it has failed.
-    pub(crate) async fn channel(&self) -> Result<(Channel, u64), LinkError> {
+    pub(crate) async fn channel(&self) -> Result<(Confirms, u64), LinkError> {
         let mut link = self.link.lock().await;
         if let Some(l) = link.as_ref()
-            && l.channel.status().connected()
+            && l.confirms.channel().status().connected()
             && l.connection.status().connected()
         {
-            return Ok((l.channel.clone(), l.id));
+            return Ok((l.confirms.clone(), l.id));
         }
         *link = None;
         let connection = connect(&self.url, &self.tls, self.name, self.timeout).await?;
@@ -98,21 +99,22 @@ impl ConfirmLink {
             }
         };
         let id = LINKS.fetch_add(1, Ordering::Relaxed);
+        let confirms = Confirms::new(channel);
         *link = Some(ConfirmChannel {
             connection,
-            channel: channel.clone(),
+            confirms: confirms.clone(),
             id,
         });
-        Ok((channel, id))
+        Ok((confirms, id))
     }
 
     /// Drops the link `link_id` if it is still the current one and its channel
     /// closed (or `always`), so the next use reconnects. Publishes still in
     /// flight on it keep it open until they finish; lapin then closes it.
-    pub(crate) async fn forget(&self, failed: &Channel, link_id: u64, always: bool) {
+    pub(crate) async fn forget(&self, failed: &Confirms, link_id: u64, always: bool) {
         let mut link = self.link.lock().await;
         let same = link.as_ref().is_some_and(|l| l.id == link_id);
-        if same && (always || !failed.status().connected()) {
+        if same && (always || !failed.channel().status().connected()) {
             *link = None;
         }
     }
@@ -120,7 +122,7 @@ impl ConfirmLink {
     /// Closes the connection cleanly.
     pub(crate) async fn close(&self) {
         if let Some(link) = self.link.lock().await.take() {
-            let _ = link.channel.close(200, "closing".into()).await;
+            let _ = link.confirms.channel().close(200, "closing".into()).await;
             let _ = link.connection.close(200, "closing".into()).await;
         }
     }

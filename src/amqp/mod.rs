@@ -3,6 +3,7 @@
 
 mod bounded;
 mod client_error;
+mod confirms;
 mod connect;
 mod link;
 mod tls;
@@ -10,6 +11,7 @@ mod tls;
 pub use self::bounded::BrokerError;
 pub(crate) use self::bounded::{bounded, is_not_found, is_precondition_failed};
 pub use self::client_error::AmqpError;
+pub(crate) use self::confirms::{Confirmed, Confirming, Confirms};
 pub use self::connect::ConnectError;
 pub(crate) use self::connect::{close_failed, connect};
 pub(crate) use self::link::{ConfirmLink, LinkError};

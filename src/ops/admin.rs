@@ -105,11 +105,11 @@ impl Admin {
     }
 
     /// A new channel in confirm mode.
-    pub(crate) async fn confirm_channel(&self) -> Result<Channel, OpsError> {
+    pub(crate) async fn confirm_channel(&self) -> Result<amqp::Confirms, OpsError> {
         let channel = self.own_channel().await?;
         let selecting = channel.confirm_select(ConfirmSelectOptions::default());
         amqp::bounded("confirm.select", self.timeout, selecting).await?;
-        Ok(channel)
+        Ok(amqp::Confirms::new(channel))
     }
 
     /// Ready messages and consumers of `queue`; `None` when it does not exist.

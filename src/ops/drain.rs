@@ -15,16 +15,14 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use lapin::message::Delivery;
-use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
-};
+use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, PublisherConfirm};
+use lapin::{BasicProperties, Channel};
 
 use super::admin::OpsError;
 use super::migrate::MigrationReport;
 use super::republish::{Republisher, taken};
-use crate::amqp::{self, AmqpError, BrokerError};
+use crate::amqp::{self, AmqpError, BrokerError, Confirming};
 
 /// Messages taken from an old queue and not yet confirmed in the new broker:
 /// the prefetch and the confirm window. Both brokers stay busy (the move is
@@ -59,7 +57,7 @@ enum Moved {
 /// A republish whose confirm is outstanding, and the old message's tag.
 struct InFlight {
     tag: u64,
-    confirm: PublisherConfirm,
+    confirm: Confirming,
     exchange: String,
     what: String,
     moved: Moved,
@@ -129,7 +127,7 @@ impl QueueDrain<'_> {
                 Ok(Some(Ok(delivery))) => delivery,
             };
             received += 1;
-            pending.push_back(self.send(delivery, queue, carry).await?);
+            pending.push_back(self.send(delivery, queue, carry)?);
             if pending.len() >= usize::from(WINDOW) {
                 self.settle(&mut pending, usize::from(WINDOW / 2), report)
                     .await?;
@@ -151,19 +149,13 @@ impl QueueDrain<'_> {
 
     /// Publishes `delivery`'s message into the current broker, not waiting
     /// for the confirm.
-    async fn send(
-        &self,
-        delivery: Delivery,
-        queue: &str,
-        carry: Carry,
-    ) -> Result<InFlight, OpsError> {
+    fn send(&self, delivery: Delivery, queue: &str, carry: Carry) -> Result<InFlight, OpsError> {
         let republisher = self.republisher;
         let decoded = match carry {
             Carry::Orders => Some(republisher.decode(&delivery)),
             Carry::Parked => None,
         };
         let parked = republisher.ladder.parked_exchange();
-        let timeout = republisher.timeout;
         let (exchange, what, moved, confirm) = match decoded {
             Some(Ok(messages)) => {
                 let (outgoing, what) = republisher.outgoing(&delivery, &messages)?;
@@ -171,22 +163,19 @@ impl QueueDrain<'_> {
                     true => Moved::Due,
                     false => Moved::Ladder,
                 };
-                let sending = outgoing.send(&republisher.confirm);
-                let confirm = amqp::bounded("basic.publish", timeout, sending).await?;
+                let confirm = outgoing.publish(&republisher.confirm);
                 (outgoing.route.exchange, what, moved, confirm)
             }
             Some(Err(malformed)) => {
                 let reason = format!("ladder migrate from {queue}: {malformed}");
                 let properties = parked_properties(&delivery, &reason);
-                let sending = self.publish_raw(&parked, &delivery.data, properties);
-                let confirm = amqp::bounded("basic.publish", timeout, sending).await?;
+                let confirm = self.publish_raw(&parked, &delivery.data, properties);
                 let what = format!("a malformed message from {queue}, to {parked}");
                 (parked, what, Moved::Malformed, confirm)
             }
             None => {
                 let properties = delivery.properties.clone();
-                let sending = self.publish_raw(&parked, &delivery.data, properties);
-                let confirm = amqp::bounded("basic.publish", timeout, sending).await?;
+                let confirm = self.publish_raw(&parked, &delivery.data, properties);
                 let what = format!("a parked message from {queue}, to {parked}");
                 (parked, what, Moved::Parked, confirm)
             }
@@ -200,20 +189,9 @@ impl QueueDrain<'_> {
         })
     }
 
-    async fn publish_raw(
-        &self,
-        exchange: &str,
-        body: &[u8],
-        properties: BasicProperties,
-    ) -> lapin::Result<PublisherConfirm> {
-        let options = BasicPublishOptions {
-            mandatory: true,
-            ..BasicPublishOptions::default()
-        };
-        self.republisher
-            .confirm
-            .basic_publish(exchange.into(), "".into(), options, body, properties)
-            .await
+    fn publish_raw(&self, exchange: &str, body: &[u8], properties: BasicProperties) -> Confirming {
+        let confirms = &self.republisher.confirm;
+        confirms.publish(exchange, "", body.to_vec(), properties)
     }
 
     /// Waits for the oldest `n` confirms, then acks their old messages with

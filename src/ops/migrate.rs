@@ -238,7 +238,7 @@ impl LadderMigration {
         let _ = amqp::bounded(
             "channel.close",
             self.target.timeout,
-            republisher.confirm.close(200, "migrated".into()),
+            republisher.confirm.channel().close(200, "migrated".into()),
         )
         .await;
         report.elapsed = start.elapsed();

@@ -156,7 +156,7 @@ impl Parked {
         let _ = amqp::bounded(
             "channel.close",
             self.admin.timeout,
-            republisher.confirm.close(200, "replayed".into()),
+            republisher.confirm.channel().close(200, "replayed".into()),
         )
         .await;
         Ok(report)

@@ -9,16 +9,15 @@ use std::time::Duration;
 use chrono::Utc;
 use lapin::message::{BasicGetMessage, Delivery};
 use lapin::options::BasicAckOptions;
-use lapin::{Channel, Confirmation};
 
 use super::admin::OpsError;
-use crate::amqp;
+use crate::amqp::{self, Confirmed, Confirms};
 use crate::publisher::{DueMessage, ExpiryMessage, Outgoing};
 use crate::topology::{Ladder, Route};
 
 /// Where moved messages go, on a confirm-mode channel.
 pub(crate) struct Republisher {
-    pub(crate) confirm: Channel,
+    pub(crate) confirm: Confirms,
     pub(crate) ladder: Ladder,
     pub(crate) lead: Duration,
     pub(crate) max_body_bytes: usize,
@@ -104,21 +103,19 @@ impl Republisher {
 
 /// What the broker's answer to the publish of `what` to `exchange` means:
 /// only a plain ack is taken (a returned message was unroutable).
-pub(crate) fn taken(
-    confirmation: &Confirmation,
-    exchange: &str,
-    what: &str,
-) -> Result<(), OpsError> {
-    match confirmation {
-        Confirmation::Ack(None) => Ok(()),
-        Confirmation::Ack(Some(returned)) => Err(OpsError::NotTaken {
+pub(crate) fn taken(confirmed: &Confirmed, exchange: &str, what: &str) -> Result<(), OpsError> {
+    match confirmed {
+        Confirmed::Taken => Ok(()),
+        Confirmed::Returned {
+            reply_code,
+            reply_text,
+        } => Err(OpsError::NotTaken {
             what: what.to_owned(),
             reason: format!(
-                "unroutable via {exchange} ({} {}); is the topology applied?",
-                returned.reply_code, returned.reply_text
+                "unroutable via {exchange} ({reply_code} {reply_text}); is the topology applied?"
             ),
         }),
-        Confirmation::Nack(_) | Confirmation::NotRequested => Err(OpsError::NotTaken {
+        Confirmed::Nacked => Err(OpsError::NotTaken {
             what: what.to_owned(),
             reason: "nacked".to_owned(),
         }),

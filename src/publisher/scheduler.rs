@@ -22,8 +22,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures::future::{self, Either};
 use futures::{Stream, StreamExt};
-use lapin::options::BasicPublishOptions;
-use lapin::{BasicProperties, Channel, Confirmation, PublisherConfirm};
+use lapin::BasicProperties;
 use secrecy::SecretString;
 use tokio::sync::{Notify, Semaphore, oneshot};
 
@@ -32,7 +31,7 @@ use super::error::ScheduleError;
 use super::group::{Bundle, Limits, Waiter, Waiting};
 use super::message::ExpiryMessage;
 use super::order_id::OrderId;
-use crate::amqp::{self, BrokerError, ConfirmLink, TlsFiles};
+use crate::amqp::{self, BrokerError, ConfirmLink, Confirmed, Confirming, Confirms, TlsFiles};
 use crate::settings::{Settings, redact_url};
 use crate::telemetry::SCHEDULE_TOTAL;
 use crate::topology::{DelayTooLong, Ladder, Route};
@@ -424,7 +423,7 @@ impl Scheduler {
     }
 
     /// Publishes a taken bundle (one order alone as v1) and answers each.
-    async fn publish_bundle(&self, channel: &Channel, link_id: u64, bundle: Bundle) {
+    async fn publish_bundle(&self, channel: &Confirms, link_id: u64, bundle: Bundle) {
         if bundle.members.len() == 1 {
             // Alone after all: a v1 message, as at low load.
             for (waiter, _) in bundle.members {
@@ -462,7 +461,7 @@ impl Scheduler {
 
     async fn publish_on(
         &self,
-        channel: &Channel,
+        channel: &Confirms,
         link_id: u64,
         message: ExpiryMessage,
         now: DateTime<Utc>,
@@ -476,10 +475,10 @@ impl Scheduler {
     /// Publishes `outgoing` and waits for the broker's answer, bounded.
     async fn confirm(
         &self,
-        channel: &Channel,
+        channel: &Confirms,
         link_id: u64,
         outgoing: &Outgoing,
-    ) -> Result<Confirmation, PublishFailed> {
+    ) -> Result<Confirmed, PublishFailed> {
         let publishing = outgoing.publish(channel);
         match amqp::bounded("publisher confirm", self.link.timeout, publishing).await {
             Ok(confirmation) => Ok(confirmation),
@@ -637,32 +636,19 @@ impl Outgoing {
         }
     }
 
-    /// Publishes it `mandatory` on `channel` (in confirm mode) and waits for
-    /// the broker's answer: the caller bounds the wait and reads the answer.
-    pub(crate) async fn publish(&self, channel: &Channel) -> lapin::Result<Confirmation> {
-        self.send(channel).await?.await
-    }
-
-    /// Publishes it `mandatory` on `channel` (in confirm mode) without
-    /// waiting for the broker's answer: a pipelining caller keeps a window of
-    /// them outstanding, and bounds and reads each answer.
-    #[cfg_attr(not(feature = "service"), allow(dead_code))]
-    pub(crate) async fn send(&self, channel: &Channel) -> lapin::Result<PublisherConfirm> {
-        let options = BasicPublishOptions {
-            mandatory: true,
-            ..BasicPublishOptions::default()
-        };
-        let exchange = self.route.exchange.as_str().into();
-        let key = self.route.routing_key.as_str().into();
-        channel
-            .basic_publish(exchange, key, options, &self.body, self.properties.clone())
-            .await
+    /// Publishes it `mandatory` through `confirms`: on its way when this
+    /// returns, the future is the broker's answer (the caller bounds it; a
+    /// pipelining caller keeps a window of them outstanding).
+    pub(crate) fn publish(&self, confirms: &Confirms) -> Confirming {
+        let route = &self.route;
+        let (body, properties) = (self.body.clone(), self.properties.clone());
+        confirms.publish(&route.exchange, &route.routing_key, body, properties)
     }
 }
 
 /// What the broker's answer to one publish means for the caller.
 fn confirmed(
-    confirmation: &Confirmation,
+    confirmation: &Confirmed,
     message: ExpiryMessage,
     route: Route,
     message_id: String,
@@ -670,22 +656,21 @@ fn confirmed(
 ) -> Result<Scheduled, ScheduleError> {
     let order_id = message.order_id.into_string();
     match confirmation {
-        Confirmation::Ack(None) => Ok(Scheduled {
+        Confirmed::Taken => Ok(Scheduled {
             message_id,
             due_at: message.due_at,
             route,
             orders_in_message,
         }),
-        Confirmation::Ack(Some(returned)) => Err(ScheduleError::Unroutable {
+        Confirmed::Returned {
+            reply_code,
+            reply_text,
+        } => Err(ScheduleError::Unroutable {
             order_id,
             exchange: route.exchange,
-            reply_code: returned.reply_code,
-            reply_text: returned.reply_text.to_string(),
+            reply_code: *reply_code,
+            reply_text: reply_text.clone(),
         }),
-        // confirm_select is always on, so NotRequested cannot happen; treat the
-        // impossible as a refusal.
-        Confirmation::Nack(_) | Confirmation::NotRequested => {
-            Err(ScheduleError::Nacked { order_id })
-        }
+        Confirmed::Nacked => Err(ScheduleError::Nacked { order_id }),
     }
 }

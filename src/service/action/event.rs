@@ -16,12 +16,11 @@
 
 use chrono::{SecondsFormat, Utc};
 use futures::future::join_all;
-use lapin::options::BasicPublishOptions;
-use lapin::{BasicProperties, Confirmation};
+use lapin::BasicProperties;
 use serde_json::json;
 
 use super::{Action, ActionAnswer, ActionError, Expiring, idempotency_key};
-use crate::amqp::{self, BrokerError, ConfirmLink, TlsFiles};
+use crate::amqp::{self, BrokerError, ConfirmLink, Confirmed, TlsFiles};
 use crate::settings::Settings;
 
 /// The `order.expired` event publisher; see the module docs.
@@ -88,21 +87,10 @@ impl Action for EventAction {
             .channel()
             .await
             .map_err(|e| ActionError::Unavailable(format!("order.expired events: {e}")))?;
-        let options = BasicPublishOptions {
-            mandatory: true,
-            ..BasicPublishOptions::default()
-        };
         // Pipelined: every event published, then every confirm awaited.
         let publishes = due.iter().map(|d| {
             let (body, properties) = event(*d);
-            let channel = channel.clone();
-            let (exchange, key) = (self.exchange.as_str(), self.routing_key.as_str());
-            let publishing = async move {
-                channel
-                    .basic_publish(exchange.into(), key.into(), options, &body, properties)
-                    .await?
-                    .await
-            };
+            let publishing = channel.publish(&self.exchange, &self.routing_key, body, properties);
             amqp::bounded("order.expired confirm", self.link.timeout, publishing)
         });
         let answers = join_all(publishes).await;
@@ -126,16 +114,19 @@ impl Action for EventAction {
 }
 
 impl EventAction {
-    fn verdict(&self, answer: Result<Confirmation, BrokerError>) -> ActionAnswer {
+    fn verdict(&self, answer: Result<Confirmed, BrokerError>) -> ActionAnswer {
         let exchange = &self.exchange;
         match answer {
-            Ok(Confirmation::Ack(None)) => ActionAnswer::Cancelled,
-            Ok(Confirmation::Ack(Some(returned))) => ActionAnswer::Retry(format!(
+            Ok(Confirmed::Taken) => ActionAnswer::Cancelled,
+            Ok(Confirmed::Returned {
+                reply_code,
+                reply_text,
+            }) => ActionAnswer::Retry(format!(
                 "order.expired event unroutable: exchange {exchange:?} routed it to no queue \
-                 with key {:?} ({} {}); bind a queue to it",
-                self.routing_key, returned.reply_code, returned.reply_text
+                 with key {:?} ({reply_code} {reply_text}); bind a queue to it",
+                self.routing_key
             )),
-            Ok(_) => ActionAnswer::Retry(format!(
+            Ok(Confirmed::Nacked) => ActionAnswer::Retry(format!(
                 "order.expired event nacked by the broker (exchange {exchange:?})"
             )),
             Err(error) => ActionAnswer::Retry(format!("order.expired event: {error}")),

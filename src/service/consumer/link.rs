@@ -72,7 +72,7 @@ impl Link {
             deliveries,
             tag,
             outbound: Outbound {
-                channel: outbound,
+                confirms: amqp::Confirms::new(outbound),
                 parked_exchange: consumer.ladder.parked_exchange(),
                 ladder: consumer.ladder.clone(),
                 lead: consumer.lead,
@@ -147,7 +147,11 @@ impl Link {
         let timeout = self.timeout;
         let channel = self.channel.close(200, "shutdown".into());
         let _ = amqp::bounded("channel.close", timeout, channel).await;
-        let outbound = self.outbound.channel.close(200, "shutdown".into());
+        let outbound = self
+            .outbound
+            .confirms
+            .channel()
+            .close(200, "shutdown".into());
         let _ = amqp::bounded("channel.close", timeout, outbound).await;
         let connection = self.connection.close(200, "shutdown".into());
         let _ = amqp::bounded("connection.close", timeout, connection).await;

@@ -10,17 +10,17 @@ use std::time::Duration;
 use chrono::Utc;
 use futures::FutureExt;
 use futures::future::BoxFuture;
+use lapin::BasicProperties;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicPublishOptions};
+use lapin::options::BasicAckOptions;
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, Confirmation};
 use thiserror::Error;
 use tracing::{Instrument, debug, info, warn};
 
 use super::session::SessionError;
 use super::work::{Done, Failed, Pending, delivery_span, record};
 use super::{Handled, Observer, Outcome};
-use crate::amqp::{self, BrokerError};
+use crate::amqp::{self, BrokerError, Confirmed, Confirms};
 use crate::publisher::{ExpiryMessage, Outgoing};
 use crate::service::CONSUMER;
 use crate::telemetry::{MESSAGES_TOTAL, PARKED_TOTAL};
@@ -75,8 +75,8 @@ impl Original {
 /// The session's confirm-mode channel and where things go.
 #[derive(Clone)]
 pub(super) struct Outbound {
-    /// In confirm mode.
-    pub(super) channel: Channel,
+    /// The confirm-mode channel.
+    pub(super) confirms: Confirms,
     pub(super) parked_exchange: String,
     pub(super) ladder: Ladder,
     /// `publisher.lead_ms`: a message sent through the ladder again arrives up
@@ -156,18 +156,11 @@ impl Outbound {
         body: &[u8],
         reason: &str,
     ) -> Result<(), Publish> {
-        let options = BasicPublishOptions {
-            mandatory: true,
-            ..BasicPublishOptions::default()
-        };
         let exchange = self.parked_exchange.as_str();
-        let publishing = async {
-            let properties = parked_properties(delivery, reason);
-            self.channel
-                .basic_publish(exchange.into(), "".into(), options, body, properties)
-                .await?
-                .await
-        };
+        let properties = parked_properties(delivery, reason);
+        let publishing = self
+            .confirms
+            .publish(exchange, "", body.to_vec(), properties);
         let answer = amqp::bounded(
             "publishing to the parked exchange",
             self.timeout,
@@ -190,7 +183,7 @@ impl Outbound {
         let answer = amqp::bounded(
             "publishing into the ladder",
             self.timeout,
-            outgoing.publish(&self.channel),
+            outgoing.publish(&self.confirms),
         );
         Ok(confirmed(answer.await, &outgoing.route.exchange))
     }
@@ -253,15 +246,18 @@ enum Publish {
 }
 
 /// What the broker's answer to a mandatory, confirmed publish means.
-fn confirmed(answer: Result<Confirmation, BrokerError>, exchange: &str) -> Result<(), Publish> {
+fn confirmed(answer: Result<Confirmed, BrokerError>, exchange: &str) -> Result<(), Publish> {
     match answer {
-        Ok(Confirmation::Ack(None)) => Ok(()),
-        Ok(Confirmation::Ack(Some(returned))) => Err(Publish::Refused(OutboundError::Unroutable {
+        Ok(Confirmed::Taken) => Ok(()),
+        Ok(Confirmed::Returned {
+            reply_code,
+            reply_text,
+        }) => Err(Publish::Refused(OutboundError::Unroutable {
             exchange: exchange.to_owned(),
-            reply_code: returned.reply_code,
-            reply_text: returned.reply_text.to_string(),
+            reply_code,
+            reply_text,
         })),
-        Ok(_) => Err(Publish::Refused(OutboundError::Nacked)),
+        Ok(Confirmed::Nacked) => Err(Publish::Refused(OutboundError::Nacked)),
         Err(BrokerError::Timeout { timeout, .. }) => {
             Err(Publish::Refused(OutboundError::Timeout(timeout)))
         }
