@@ -34,7 +34,7 @@ use lapin::message::BasicReturnMessage;
 use lapin::options::BasicPublishOptions;
 use lapin::{BasicProperties, Channel, ChannelState, Confirmation, ErrorKind, PublisherConfirm};
 use tokio::sync::{mpsc, oneshot};
-use tracing::error;
+use tracing::warn;
 
 /// The broker's answer to one mandatory publish.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -354,10 +354,11 @@ impl ConfirmTask {
 
 impl Drop for ConfirmTask {
     fn drop(&mut self) {
-        // A return that matched no publish: one judged before its return was
-        // read, the mistake this task exists to rule out.
+        // A return that matched no publish: its publish failed with the
+        // channel after the return came, or (the mistake this task exists to
+        // rule out) was judged before its return was read.
         for (key, returns) in &self.returns {
-            error!(
+            warn!(
                 ?key,
                 count = returns.len(),
                 "a returned message matched no publish"
