@@ -105,7 +105,16 @@ async fn the_http_action_maps_every_response_class() {
     // ... and it was tried again after its timeout, then went through.
     let hang = endpoint.requests_for("expire", "h-hang");
     assert!(hang.len() >= 2, "{hang:?}");
-    assert!(hang[1].at - hang[0].at >= chrono::TimeDelta::milliseconds(500));
+    // The endpoint stamps a request when it reads it, which on a loaded
+    // machine can trail the send by a few hundred ms (scripts/test of
+    // 2026-12-02 failed a bound of the full 500 ms once): half the timeout
+    // still tells a retry after the timeout from one right away.
+    let gap = hang[1].at - hang[0].at;
+    assert!(
+        gap >= chrono::TimeDelta::milliseconds(250),
+        "retried {} ms after the hanging request (timeout 500 ms)",
+        gap.num_milliseconds()
+    );
     // 5xx and 429 were retried once, with the same idempotency key.
     for id in ["h-503", "h-429"] {
         let requests = endpoint.requests_for("expire", id);
