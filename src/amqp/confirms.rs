@@ -27,14 +27,17 @@ use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::{BoxFuture, poll_fn};
 use lapin::message::BasicReturnMessage;
-use lapin::options::BasicPublishOptions;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Channel, ChannelState, Confirmation, ErrorKind, PublisherConfirm};
 use tokio::sync::{mpsc, oneshot};
 use tracing::warn;
+
+use super::{BrokerError, bounded};
 
 /// The broker's answer to one mandatory publish.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,9 +68,15 @@ impl std::fmt::Debug for Confirms {
 }
 
 impl Confirms {
-    /// Publishes on `channel`, already in confirm mode, through a task of
-    /// its own (spawned on the current tokio runtime).
-    pub(crate) fn new(channel: Channel) -> Self {
+    /// Puts `channel` in confirm mode (bounded by `timeout`) and publishes on
+    /// it through a task of its own, spawned on the current tokio runtime.
+    pub(crate) async fn select(channel: Channel, timeout: Duration) -> Result<Self, BrokerError> {
+        let selecting = channel.confirm_select(ConfirmSelectOptions::default());
+        bounded("confirm.select", timeout, selecting).await?;
+        Ok(Self::spawn(channel))
+    }
+
+    fn spawn(channel: Channel) -> Self {
         let (requests, incoming) = mpsc::unbounded_channel();
         let task = ConfirmTask {
             channel: channel.clone(),

@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use lapin::Connection;
-use lapin::options::ConfirmSelectOptions;
 use secrecy::SecretString;
 use thiserror::Error;
 use tokio::sync::Mutex;
@@ -86,20 +85,17 @@ impl ConfirmLink {
         let opened = async {
             let channel =
                 bounded("channel.open", self.timeout, connection.create_channel()).await?;
-            let confirms = channel.confirm_select(ConfirmSelectOptions::default());
-            bounded("confirm.select", self.timeout, confirms).await?;
-            Ok::<_, BrokerError>(channel)
+            Confirms::select(channel, self.timeout).await
         }
         .await;
-        let channel = match opened {
-            Ok(channel) => channel,
+        let confirms = match opened {
+            Ok(confirms) => confirms,
             Err(error) => {
                 close_failed(&connection, self.timeout).await;
                 return Err(error.into());
             }
         };
         let id = LINKS.fetch_add(1, Ordering::Relaxed);
-        let confirms = Confirms::new(channel);
         *link = Some(ConfirmChannel {
             connection,
             confirms: confirms.clone(),

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use lapin::options::{ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use thiserror::Error;
@@ -107,9 +107,7 @@ impl Admin {
     /// A new channel in confirm mode.
     pub(crate) async fn confirm_channel(&self) -> Result<amqp::Confirms, OpsError> {
         let channel = self.own_channel().await?;
-        let selecting = channel.confirm_select(ConfirmSelectOptions::default());
-        amqp::bounded("confirm.select", self.timeout, selecting).await?;
-        Ok(amqp::Confirms::new(channel))
+        Ok(amqp::Confirms::select(channel, self.timeout).await?)
     }
 
     /// Ready messages and consumers of `queue`; `None` when it does not exist.

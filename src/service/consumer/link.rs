@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use lapin::message::Delivery;
-use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions,
-};
+use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use tracing::warn;
@@ -53,8 +51,7 @@ impl Link {
             amqp::bounded("basic.qos", timeout, qos).await?;
             let outbound =
                 amqp::bounded("channel.open", timeout, connection.create_channel()).await?;
-            let confirms = outbound.confirm_select(ConfirmSelectOptions::default());
-            amqp::bounded("confirm.select", timeout, confirms).await?;
+            let outbound = amqp::Confirms::select(outbound, timeout).await?;
             let (deliveries, tag) = subscribe(&channel, &consumer.ladder, timeout).await?;
             Ok::<_, SessionError>((channel, outbound, deliveries, tag))
         }
@@ -72,7 +69,7 @@ impl Link {
             deliveries,
             tag,
             outbound: Outbound {
-                confirms: amqp::Confirms::new(outbound),
+                confirms: outbound,
                 parked_exchange: consumer.ladder.parked_exchange(),
                 ladder: consumer.ladder.clone(),
                 lead: consumer.lead,
