@@ -294,6 +294,7 @@ impl LadderMigration {
             confirm: self.target.confirm_channel().await?,
             ladder: self.settings.ladder()?,
             lead: self.settings.publisher.lead,
+            bundle_lead: self.settings.publisher.bundle_lead(),
             max_body_bytes: self.settings.consumer.max_body_bytes,
             timeout: self.target.timeout,
         })

@@ -121,6 +121,7 @@ impl Parked {
             confirm: self.admin.confirm_channel().await?,
             ladder: self.settings.ladder()?,
             lead: self.settings.publisher.lead,
+            bundle_lead: self.settings.publisher.bundle_lead(),
             max_body_bytes: self.settings.consumer.max_body_bytes,
             timeout: self.admin.timeout,
         };

@@ -19,7 +19,10 @@ use crate::topology::{Ladder, Route};
 pub(crate) struct Republisher {
     pub(crate) confirm: Confirms,
     pub(crate) ladder: Ladder,
+    /// A v1 message's lead (`publisher.lead_ms`)...
     pub(crate) lead: Duration,
+    /// ...and a bundle's (`publisher.bundle_lead_ms`), as the publisher's.
+    pub(crate) bundle_lead: Duration,
     pub(crate) max_body_bytes: usize,
     pub(crate) timeout: Duration,
 }
@@ -91,7 +94,12 @@ impl Republisher {
             n => format!("a bundle of order {} and {n} more", first.order_id.as_str()),
         };
         let now = Utc::now();
-        match Outgoing::for_orders(first, rest, &self.ladder, self.lead, &message_id, now) {
+        let lead = if rest.is_empty() {
+            self.lead
+        } else {
+            self.bundle_lead
+        };
+        match Outgoing::for_orders(first, rest, &self.ladder, lead, &message_id, now) {
             Ok(outgoing) => Ok((outgoing, what)),
             Err(e) => Err(OpsError::NotTaken {
                 what,

@@ -75,6 +75,8 @@ pub struct Scheduler {
     /// Told when a bundle was confirmed or a full one gathered.
     bundle_event: Notify,
     lead: Duration,
+    /// A bundle's lead (`publisher.bundle_lead_ms`), never less than `lead`.
+    bundle_lead: Duration,
     link: ConfirmLink,
     bundles: Limits,
     /// Calls waiting for a slot: the next free slot carries them as a bundle.
@@ -121,6 +123,7 @@ impl Scheduler {
             carrying: AtomicUsize::new(0),
             bundle_event: Notify::new(),
             lead: settings.publisher.lead,
+            bundle_lead: settings.publisher.bundle_lead(),
             link: ConfirmLink::new(url, tls, "order-expiry publisher", settings.amqp.timeout),
             bundles: Limits {
                 max_orders: settings.publisher.bundle_max_orders.max(1),
@@ -165,6 +168,17 @@ impl Scheduler {
     /// the consumer never processes a message before `due_at`.
     pub fn with_lead(mut self, lead: Duration) -> Self {
         self.lead = lead;
+        self.bundle_lead = self.bundle_lead.max(lead);
+        self
+    }
+
+    /// How much earlier than `due_at` the ladder may deliver a v2 bundle
+    /// (`publisher.bundle_lead_ms`; never less than the lead). Bundles leave
+    /// only while the confirm window is full, in a burst, and a burst's
+    /// messages expire from each level of the ladder together and queue
+    /// there behind each other: their transit is longer than one message's.
+    pub fn with_bundle_lead(mut self, lead: Duration) -> Self {
+        self.bundle_lead = lead.max(self.lead);
         self
     }
 
@@ -412,9 +426,9 @@ impl Scheduler {
     /// opened, before anything was taken.
     async fn carry_next_bundle(&self) -> Result<(), ScheduleError> {
         let (channel, link_id) = self.link.channel().await?;
-        let taken = self
-            .waiting()
-            .take_bundle(&self.ladder, self.lead, self.bundles, Utc::now());
+        let taken =
+            self.waiting()
+                .take_bundle(&self.ladder, self.bundle_lead, self.bundles, Utc::now());
         let Some(bundle) = taken else { return Ok(()) };
         self.carrying.fetch_add(1, Ordering::AcqRel);
         let _carried = Carried(self);

@@ -141,12 +141,24 @@ pub struct PublisherSettings {
     /// remainder); the consumer holds the message until `due_at` (`lead_ms`).
     #[serde(rename = "lead_ms", with = "millis")]
     pub lead: Duration,
+    /// The lead of a v2 bundle (`bundle_lead_ms`; never less than `lead_ms`):
+    /// bundles leave only in a burst, and a burst's messages hop through the
+    /// ladder together, queueing behind each other at every level.
+    #[serde(rename = "bundle_lead_ms", with = "millis")]
+    pub bundle_lead_at_least: Duration,
     /// Most orders in one v2 bundle message; 1 sends every order as a v1
     /// message of its own (bundles off).
     pub bundle_max_orders: usize,
     /// Largest bundle body, in bytes: at most the consumers'
     /// `consumer.max_body_bytes`, which parks larger bodies unread.
     pub bundle_max_bytes: usize,
+}
+
+impl PublisherSettings {
+    /// The lead a bundle gets: `bundle_lead_ms`, or `lead_ms` where that is longer.
+    pub fn bundle_lead(&self) -> Duration {
+        self.bundle_lead_at_least.max(self.lead)
+    }
 }
 
 /// The consumer service.

@@ -169,14 +169,15 @@ impl Settings {
             );
         }
         // The ladder delivers up to 1 s (its whole seconds) plus the lead before
-        // due_at: a hold limit at or below that parks every ladder message.
-        let earliest = self.publisher.lead + Duration::from_secs(1);
+        // due_at (a bundle's lead, the longer): a hold limit at or below that
+        // parks every ladder message.
+        let earliest = self.publisher.bundle_lead() + Duration::from_secs(1);
         if c.max_hold <= earliest {
             return invalid(
                 "consumer.max_hold_ms",
                 format!(
-                    "{} ms is not more than publisher.lead_ms + 1 s ({} ms): messages arrive up to that early, \
-                     and every one would be parked as far too early",
+                    "{} ms is not more than publisher.bundle_lead_ms (or lead_ms, the longer) + 1 s ({} ms): \
+                     messages arrive up to that early, and every one would be parked as far too early",
                     c.max_hold.as_millis(),
                     earliest.as_millis()
                 ),
@@ -401,7 +402,12 @@ mod tests {
             (
                 |s| s.publisher.lead = ms(29_000),
                 "consumer.max_hold_ms",
-                "lead_ms + 1 s",
+                "lead_ms, the longer) + 1 s",
+            ),
+            (
+                |s| s.publisher.bundle_lead_at_least = ms(29_000),
+                "consumer.max_hold_ms",
+                "bundle_lead_ms",
             ),
             (
                 |s| s.consumer.retry_initial = ms(0),

@@ -240,3 +240,70 @@ async fn a_flash_sale_leaves_in_bundles_and_is_cancelled_on_time() {
     consumer.stop().await;
     env.cleanup().await;
 }
+
+/// A bundle leaves only in a burst, and a burst's messages expire from each
+/// level together and queue behind each other: a bundle is routed to reach
+/// the due queue `publisher.bundle_lead_ms` (1.5 s) before its orders are due,
+/// where a lone v1 message gets `publisher.lead_ms` (300 ms). The orders are
+/// due so that the short lead would bring every bundle at most about 0.9 s
+/// early (a sub-second remainder of 0.2-0.6 s while they are scheduled within
+/// 0.4 s) and the bundle lead at least 1.5 s early, less the ladder's transit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundle_reaches_the_due_queue_its_bundle_lead_early() {
+    const BURST: usize = 1_000;
+    let env = World::new().await;
+    let due_at = at_ms(6_900);
+    let orders: Vec<(String, DateTime<Utc>)> =
+        (0..BURST).map(|i| (format!("bl-{i}"), due_at)).collect();
+    let scheduler = Scheduler::from_settings(&env.settings).unwrap();
+    let began = Instant::now();
+    for result in scheduler.schedule_many(orders).await {
+        result.expect("every schedule confirmed");
+    }
+    let took = began.elapsed();
+    assert!(
+        took < Duration::from_millis(400),
+        "scheduling {BURST} orders took {took:?}: the test's timing needs under 400 ms"
+    );
+    let due_queue = env.ladder().due_queue();
+    let mut bundles_early_ms = Vec::new();
+    let mut seen = 0;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while seen < BURST {
+        assert!(
+            Instant::now() < deadline,
+            "only {seen} of {BURST} orders arrived"
+        );
+        let Some(got) = env.get(&due_queue).await else {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            continue;
+        };
+        let early = due_at - Utc::now();
+        let body: serde_json::Value = serde_json::from_slice(&got.delivery.data).unwrap();
+        match body["orders"].as_array() {
+            Some(orders) => {
+                seen += orders.len();
+                bundles_early_ms.push(early.num_milliseconds());
+            }
+            None => seen += 1,
+        }
+    }
+    bundles_early_ms.sort_unstable();
+    eprintln!(
+        "FIGURES bundle lead: {BURST} orders scheduled in {took:?}, {} bundles, arrived {:?} ms early (least first)",
+        bundles_early_ms.len(),
+        bundles_early_ms
+    );
+    assert!(
+        bundles_early_ms.len() >= 5,
+        "{} bundles: group commit did not bundle",
+        bundles_early_ms.len()
+    );
+    assert!(
+        bundles_early_ms[0] >= 1_100,
+        "a bundle arrived only {} ms before its orders were due: routed with the short lead",
+        bundles_early_ms[0]
+    );
+    scheduler.close().await;
+    env.cleanup().await;
+}

@@ -54,6 +54,11 @@ pub struct Row {
     pub broker_cpu_per_1000_s: Option<f64>,
     /// serve's peak RSS, MB.
     pub serve_peak_rss_mb: f64,
+    /// Orders that reached serve after their due time (the ladder's share of
+    /// the lateness; the rest is serve's and the database's).
+    pub arrived_late: f64,
+    /// Of those, the ones that reached it more than 100 ms after.
+    pub arrived_over_100ms: f64,
     /// Every cancelled order's lateness, sorted.
     #[serde(skip)]
     pub lateness_ms: Vec<f64>,
@@ -89,6 +94,8 @@ impl Row {
             bundle_metric: false,
             broker_cpu_per_1000_s: None,
             serve_peak_rss_mb: 0.0,
+            arrived_late: 0.0,
+            arrived_over_100ms: 0.0,
             lateness_ms,
         }
     }

@@ -95,5 +95,11 @@ async fn run_in(
     row.bundle_metric = metrics.bundle_metric();
     row.broker_cpu_per_1000_s = broker_cpu.map(|s| s * 1000.0 / plan.orders.max(1) as f64);
     row.serve_peak_rss_mb = peak_rss as f64 / 1e6;
+    row.arrived_late = metrics.arrived_late;
+    row.arrived_over_100ms = metrics.arrived_over_100ms;
+    say(format!(
+        "p99 {:.1} ms; {:.0} orders reached serve after due_at, {:.0} of them more than 100 ms after",
+        row.p99_ms, row.arrived_late, row.arrived_over_100ms
+    ));
     Ok(row)
 }

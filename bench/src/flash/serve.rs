@@ -56,6 +56,12 @@ pub(super) struct Metrics {
     pub(super) swept: f64,
     /// `order_expiry_orders_per_message` (`_count`, `_sum`), when serve has it.
     per_message: Option<(f64, f64)>,
+    /// Orders that reached the consumer after their `due_at`
+    /// (`order_expiry_arrival_lateness_seconds_count`): the ladder's and the
+    /// broker's share of the lateness, where the rest is the consumer's and the database's.
+    pub(super) arrived_late: f64,
+    /// Of those, the ones that reached it more than 100 ms after.
+    pub(super) arrived_over_100ms: f64,
 }
 
 impl Metrics {
@@ -68,6 +74,8 @@ impl Metrics {
                 metric_value(text, &format!("{histogram}_sum")),
             )
         });
+        let arrival = "order_expiry_arrival_lateness_seconds";
+        let arrived_late = metric_value(text, &format!("{arrival}_count"));
         Self {
             ladder_cancelled: metric_value(
                 text,
@@ -75,6 +83,9 @@ impl Metrics {
             ),
             swept: metric_value(text, "order_expiry_swept_total"),
             per_message,
+            arrived_late,
+            arrived_over_100ms: arrived_late
+                - metric_value(text, &format!("{arrival}_bucket{{le=\"0.1\"}}")),
         }
     }
 
