@@ -9,10 +9,10 @@
 //! route is computed when the slot is taken, never before the wait, so a
 //! waiter never enters the ladder with a delay older than its wait.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use tokio::sync::oneshot;
 
 use super::bundle::{ENVELOPE_BYTES, encode_entry};
@@ -47,31 +47,41 @@ pub(super) struct Limits {
     pub(super) max_bytes: usize,
 }
 
-/// Calls waiting for a slot, oldest first.
+/// Calls waiting for a slot: oldest first, and by the time each may be
+/// processed, so that a slot finds the waiters that share the oldest one's
+/// route in that second of the index, without reading every other waiter
+/// (with a window's worth of `schedule_many` chunks waiting, up to
+/// `max_in_flight × bundle_max_orders` of them, on routes all their own).
 #[derive(Debug, Default)]
 pub(super) struct Waiting {
-    queue: VecDeque<Waiter>,
+    /// By id: ids only grow, so the first is the oldest.
+    by_id: BTreeMap<u64, Waiter>,
+    /// `(process_at, id)` of each waiter.
+    by_time: BTreeSet<(DateTime<Utc>, u64)>,
 }
 
 impl Waiting {
     pub(super) fn is_empty(&self) -> bool {
-        self.queue.is_empty()
+        self.by_id.is_empty()
     }
 
     /// Calls waiting, whatever their route.
     pub(super) fn len(&self) -> usize {
-        self.queue.len()
+        self.by_id.len()
     }
 
     pub(super) fn push(&mut self, waiter: Waiter) {
-        self.queue.push_back(waiter);
+        self.by_time
+            .insert((waiter.message.process_at(), waiter.id));
+        self.by_id.insert(waiter.id, waiter);
     }
 
     /// Takes waiter `id` back, if no slot took it yet (its call failed to
     /// get a channel and returns that error itself).
     pub(super) fn remove(&mut self, id: u64) -> Option<Waiter> {
-        let at = self.queue.iter().position(|w| w.id == id)?;
-        self.queue.remove(at)
+        let waiter = self.by_id.remove(&id)?;
+        self.by_time.remove(&(waiter.message.process_at(), id));
+        Some(waiter)
     }
 
     /// The bundle a slot taken at `now` carries; `None` when nobody waits.
@@ -85,7 +95,8 @@ impl Waiting {
         now: DateTime<Utc>,
     ) -> Option<Bundle> {
         let (first, route) = loop {
-            let waiter = self.queue.pop_front()?;
+            let (id, waiter) = self.by_id.pop_first()?;
+            self.by_time.remove(&(waiter.message.process_at(), id));
             if waiter.reply.is_closed() {
                 continue;
             }
@@ -98,34 +109,70 @@ impl Waiting {
         };
         let entry = encode_entry(&first.message);
         let mut bytes = ENVELOPE_BYTES + entry.len();
-        let mut members = vec![(first, entry)];
-        let mut kept = VecDeque::with_capacity(self.queue.len());
-        while let Some(waiter) = self.queue.pop_front() {
-            if members.len() >= limits.max_orders {
-                kept.push_back(waiter);
-                kept.extend(self.queue.drain(..));
+        // Earliest due first; the ones dropped by their callers go too.
+        let mut chosen: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut dropped: Vec<u64> = Vec::new();
+        let (from, until) = same_second(route.delay_secs, lead, now);
+        for (_, id) in self.by_time.range((from, 0)..(until, 0)) {
+            if chosen.len() + 1 >= limits.max_orders {
                 break;
             }
+            let waiter = &self.by_id[id];
             if waiter.reply.is_closed() {
+                dropped.push(*id);
                 continue;
             }
-            // The same whole seconds through the ladder is the same route.
+            // The same whole seconds through the ladder is the same route;
+            // the window is a little wider than that second.
             if remaining_secs(&waiter.message, lead, now) != route.delay_secs {
-                kept.push_back(waiter);
                 continue;
             }
             let entry = encode_entry(&waiter.message);
             // The comma before it.
             if bytes + 1 + entry.len() > limits.max_bytes {
-                kept.push_back(waiter);
                 continue;
             }
             bytes += 1 + entry.len();
-            members.push((waiter, entry));
+            chosen.push((*id, entry));
         }
-        self.queue = kept;
+        for id in dropped {
+            self.remove(id);
+        }
+        let mut members = vec![(first, entry)];
+        // Oldest first in the body, as the calls came.
+        chosen.sort_unstable_by_key(|(id, _)| *id);
+        for (id, entry) in chosen {
+            if let Some(waiter) = self.remove(id) {
+                members.push((waiter, entry));
+            }
+        }
         Some(Bundle { route, members })
     }
+}
+
+/// The `process_at` times whose orders, published at `now`, wait
+/// `delay_secs` whole seconds in the ladder (see [`remaining_secs`]), a
+/// millisecond wider on each side: `[now + lead + delay, now + lead + delay
+/// + 1 s)`, and everything before it for a delay of 0 (due already).
+fn same_second(
+    delay_secs: u64,
+    lead: Duration,
+    now: DateTime<Utc>,
+) -> (DateTime<Utc>, DateTime<Utc>) {
+    let at = |ms: u128| {
+        i64::try_from(ms)
+            .ok()
+            .and_then(TimeDelta::try_milliseconds)
+            .and_then(|ahead| now.checked_add_signed(ahead))
+            .unwrap_or(DateTime::<Utc>::MAX_UTC)
+    };
+    let start = u128::from(delay_secs) * 1000 + lead.as_millis();
+    let from = if delay_secs == 0 {
+        DateTime::<Utc>::MIN_UTC
+    } else {
+        at(start.saturating_sub(1))
+    };
+    (from, at(start + 1001))
 }
 
 #[cfg(test)]
@@ -186,6 +233,43 @@ mod tests {
                 .take_bundle(&ladder(), LEAD, limits(100), now)
                 .is_none()
         );
+    }
+
+    #[test]
+    fn a_slot_finds_its_route_behind_a_thousand_other_routes_and_they_keep_their_place() {
+        let now = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+        let mut waiting = Waiting::default();
+        let mut replies = Vec::new();
+        // 0: 5.5 s; 1..=1000: 10 s, 11 s, ... each a route of its own; then
+        // three more on 0's route, and one due already (route 0).
+        let mut push = |id: u64, ms: i64| {
+            let (w, rx) = waiter(id, now + TimeDelta::milliseconds(ms));
+            waiting.push(w);
+            replies.push(rx);
+        };
+        push(0, 5_500);
+        for id in 1..=1000 {
+            push(id, 10_000 + 1_000 * id as i64);
+        }
+        for (id, ms) in [(1001, 5_900), (1002, 6_299), (1003, 5_301), (1004, -50)] {
+            push(id, ms);
+        }
+        let bundle = waiting
+            .take_bundle(&ladder(), LEAD, limits(100), now)
+            .unwrap();
+        // 5.5 - 0.3 s: 5 s through the ladder; 6.299 - 0.3 and 5.301 - 0.3
+        // are the same whole seconds.
+        assert_eq!(bundle.route.delay_secs, 5);
+        assert_eq!(ids(&bundle), [0, 1001, 1002, 1003]);
+        assert_eq!(waiting.len(), 1001);
+        for expected in 1..=3 {
+            let next = waiting
+                .take_bundle(&ladder(), LEAD, limits(100), now)
+                .unwrap();
+            assert_eq!(ids(&next), [expected]);
+        }
+        let late = waiting.remove(1004).expect("still waiting");
+        assert_eq!(late.id, 1004);
     }
 
     #[test]
