@@ -6,7 +6,11 @@
 //! - The service lane: kill -9 of a `serve` (restarted), a PostgreSQL restart,
 //!   the sql world's database route blackholed, the http world's order service
 //!   or payment gateway failing (503s, or hanging past the client's timeout),
-//!   and a `parked replay --all` while traffic runs.
+//!   a `parked replay --all` while traffic runs, and a `ladder migrate`: the
+//!   sql world's order service schedules into an old ladder (another prefix,
+//!   which nothing consumes) for a while, as a publisher not yet moved to the
+//!   new prefix would, then `ladder migrate --from-prefix` moves what it holds
+//!   into the current ladder while traffic runs.
 //!
 //! Each fault is recorded with when it started and when it was repaired
 //! (`recovered`): the checker measures lateness from max(due, recovered) for
@@ -44,6 +48,9 @@ pub(super) enum Kind {
     GatewayDown { lasting: Duration, hangs: bool },
     /// `order-expiry parked replay --all` on the sql world.
     ParkedReplay,
+    /// The sql world's library calls go to the old ladder for `lasting`,
+    /// then `order-expiry ladder migrate --from-prefix` moves them.
+    LadderMigrate { lasting: Duration },
 }
 
 /// No fault, no excuse: an order is cancelled within this of its due time.
@@ -68,6 +75,8 @@ impl Kind {
             // query_timeout (6 s) to notice, then the backoff.
             Kind::DatabaseBlackhole { .. } => 20,
             Kind::ParkedReplay => 0,
+            // What was due in the old ladder goes to the due queue at once.
+            Kind::LadderMigrate { .. } => 10,
         };
         Duration::from_secs(secs) + BASE_BOUND
     }
@@ -78,7 +87,9 @@ impl Kind {
             Kind::NodeKill { .. } | Kind::NodeStop { .. } | Kind::NodePause { .. } => true,
             Kind::PostgresRestart => true,
             Kind::ServeKill { slot, .. } => slot_world(*slot) == which,
-            Kind::DatabaseBlackhole { .. } | Kind::ParkedReplay => which == Which::Sql,
+            Kind::DatabaseBlackhole { .. } | Kind::ParkedReplay | Kind::LadderMigrate { .. } => {
+                which == Which::Sql
+            }
             Kind::OrderServiceDown { .. } | Kind::GatewayDown { .. } => which == Which::Http,
         }
     }
@@ -104,6 +115,9 @@ impl Kind {
                 s(lasting)
             ),
             Kind::ParkedReplay => "parked replay --all".into(),
+            Kind::LadderMigrate { lasting } => {
+                format!("old ladder {}, then ladder migrate", s(lasting))
+            }
         }
     }
 
@@ -119,6 +133,7 @@ impl Kind {
             Kind::OrderServiceDown { .. } => "order service down",
             Kind::GatewayDown { .. } => "gateway down",
             Kind::ParkedReplay => "parked replay",
+            Kind::LadderMigrate { .. } => "ladder migrate",
         }
     }
 }
@@ -207,7 +222,7 @@ fn draw(rng: &mut StdRng, lane: Lane, serves: usize) -> (Duration, Kind) {
         }
         Lane::Service => {
             let gap = secs(rng, 5, 25);
-            let kind = match rng.random_range(0..11) {
+            let kind = match rng.random_range(0..12) {
                 0..=2 => Kind::ServeKill {
                     slot: rng.random_range(0..serves),
                     down: secs(rng, 0, 10),
@@ -223,7 +238,10 @@ fn draw(rng: &mut StdRng, lane: Lane, serves: usize) -> (Duration, Kind) {
                     lasting: secs(rng, 5, 30),
                     hangs: rng.random_bool(0.5),
                 },
-                _ => Kind::ParkedReplay,
+                10 => Kind::ParkedReplay,
+                _ => Kind::LadderMigrate {
+                    lasting: secs(rng, 5, 20),
+                },
             };
             (gap, kind)
         }
@@ -288,6 +306,23 @@ async fn inject(world: &SoakWorld, kind: Kind) -> anyhow::Result<()> {
             )
             .await
             .map(drop),
+        Kind::LadderMigrate { lasting } => {
+            world.old_ladder.open();
+            tokio::time::sleep(lasting).await;
+            world.old_ladder.close();
+            // No call may still be on its way into the old ladder when the
+            // migration has read past it: what it left there nothing consumes.
+            world.old_ladder.settled(Duration::from_secs(90)).await?;
+            let from = world.old_ladder.prefix.clone();
+            world
+                .cli(
+                    Which::Sql,
+                    &["ladder", "migrate", "--from-prefix", &from],
+                    Duration::from_secs(120),
+                )
+                .await
+                .map(drop)
+        }
     }
 }
 

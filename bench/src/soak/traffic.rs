@@ -107,20 +107,22 @@ struct Plan {
 pub(super) struct Traffic {
     world: Arc<SoakWorld>,
     sql_scheduler: Scheduler,
+    /// The sql world's library calls while the old ladder is open.
+    old_ladder_scheduler: Scheduler,
     http_scheduler: Scheduler,
     ledger: Mutex<Ledger>,
 }
 
 impl Traffic {
     pub(super) fn new(world: Arc<SoakWorld>) -> anyhow::Result<Arc<Self>> {
-        let scheduler = |which| {
-            let mut settings = world.settings(which, 3);
+        let scheduler = |mut settings: order_expiry::Settings| {
             settings.amqp.timeout = Duration::from_secs(5);
             Scheduler::from_settings(&settings)
         };
         Ok(Arc::new(Self {
-            sql_scheduler: scheduler(Which::Sql)?,
-            http_scheduler: scheduler(Which::Http)?,
+            sql_scheduler: scheduler(world.settings(Which::Sql, 3))?,
+            old_ladder_scheduler: scheduler(world.old_ladder_settings(3))?,
+            http_scheduler: scheduler(world.settings(Which::Http, 3))?,
             world,
             ledger: Mutex::new(Ledger::default()),
         }))
@@ -336,14 +338,22 @@ impl Traffic {
     }
 
     /// `schedule`, retried every 200 ms until confirmed or a minute past
-    /// `due_at`.
+    /// `due_at`; each try of the sql world's into the old ladder while it
+    /// is open.
     async fn schedule(&self, plan: &Plan, due_at: DateTime<Utc>) -> bool {
-        let scheduler = match plan.which {
-            Which::Sql => &self.sql_scheduler,
-            Which::Http => &self.http_scheduler,
-        };
         while Utc::now() < due_at + TimeDelta::seconds(60) {
-            match scheduler.schedule(plan.id.as_str(), due_at).await {
+            let old = match plan.which {
+                Which::Sql => self.world.old_ladder.enter(),
+                Which::Http => None,
+            };
+            let scheduler = match (plan.which, &old) {
+                (Which::Sql, Some(_)) => &self.old_ladder_scheduler,
+                (Which::Sql, None) => &self.sql_scheduler,
+                (Which::Http, _) => &self.http_scheduler,
+            };
+            let scheduled = scheduler.schedule(plan.id.as_str(), due_at).await;
+            drop(old);
+            match scheduled {
                 Ok(_) => return true,
                 Err(_) => {
                     self.ledger.lock().await.schedule_errors += 1;

@@ -7,13 +7,16 @@
 //!   fault's bound (so a sweep is a finding, not a repair); they reach
 //!   PostgreSQL through a [`Proxy`] that the database-route fault blackholes.
 //!   Its sweep statement marks what it cancels (`cancelled_by = 'sweeper'`),
-//!   so the checker tells the ladder's cancels from the sweeper's.
+//!   so the checker tells the ladder's cancels from the sweeper's. Beside its
+//!   ladder, an [`OldLadder`] that nothing consumes, for the `ladder migrate`
+//!   fault.
 //! - **http**: the HTTP action and the payment check, one `serve` (node 3
 //!   first), against an [`Endpoint`] that is the order service (its expire
 //!   cancels in the world's orders table) and the payment gateway.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -69,6 +72,8 @@ pub(super) struct SoakWorld {
     pub(super) endpoint: Endpoint,
     /// The sql world's `serve` processes reach PostgreSQL through it.
     pub(super) db_proxy: Proxy,
+    /// The sql world's old ladder, for the `ladder migrate` fault.
+    pub(super) old_ladder: OldLadder,
     binary: PathBuf,
     logs: PathBuf,
     slots: Mutex<Vec<Slot>>,
@@ -91,6 +96,10 @@ impl SoakWorld {
             .batch_execute("ALTER TABLE orders ADD COLUMN cancelled_by text")
             .await
             .context("adding orders.cancelled_by")?;
+        let old_ladder = OldLadder::new(format!("{}-old", sql.settings.topology.prefix));
+        let mut old = sql.settings.clone();
+        old.topology.prefix.clone_from(&old_ladder.prefix);
+        sql.declare(&old).await.context("the old ladder")?;
         let upstream = postgres_addr(base)?;
         let db_proxy = Proxy::start(upstream).await;
         let endpoint = Endpoint::order_service(std::sync::Arc::clone(&http.store)).await;
@@ -105,6 +114,7 @@ impl SoakWorld {
             http,
             endpoint,
             db_proxy,
+            old_ladder,
             binary,
             logs,
             slots: Mutex::new(slots),
@@ -122,6 +132,13 @@ impl SoakWorld {
             Which::Http => self.http.settings.clone(),
         };
         settings.amqp.url = SecretString::from(cluster::url_list(first, VHOST));
+        settings
+    }
+
+    /// The settings of the sql world's old ladder (node `first` first).
+    pub(super) fn old_ladder_settings(&self, first: usize) -> Settings {
+        let mut settings = self.settings(Which::Sql, first);
+        settings.topology.prefix.clone_from(&self.old_ladder.prefix);
         settings
     }
 
@@ -304,6 +321,76 @@ impl SoakWorld {
     /// Where the logs go.
     pub(super) fn logs(&self) -> &Path {
         &self.logs
+    }
+}
+
+/// The sql world's old ladder: another prefix in the soak's vhost that no
+/// `serve` consumes, as after a prefix change, and the switch that sends the
+/// order service's library calls there (a publisher not moved yet) until
+/// `ladder migrate` moves what it holds.
+#[derive(Debug)]
+pub(super) struct OldLadder {
+    pub(super) prefix: String,
+    open: AtomicBool,
+    /// Schedule calls into it now.
+    calls: AtomicUsize,
+}
+
+impl OldLadder {
+    fn new(prefix: String) -> Self {
+        Self {
+            prefix,
+            open: AtomicBool::new(false),
+            calls: AtomicUsize::new(0),
+        }
+    }
+
+    /// Library calls go to the old ladder from now on.
+    pub(super) fn open(&self) {
+        self.open.store(true, Ordering::SeqCst);
+    }
+
+    /// No new call goes to the old ladder.
+    pub(super) fn close(&self) {
+        self.open.store(false, Ordering::SeqCst);
+    }
+
+    /// A schedule call's way in: `Some` while open, counted until dropped.
+    /// Counted before the switch is read, so [`OldLadder::settled`] after
+    /// [`OldLadder::close`] sees every call that saw it open.
+    pub(super) fn enter(&self) -> Option<OldLadderCall<'_>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.open.load(Ordering::SeqCst) {
+            Some(OldLadderCall(self))
+        } else {
+            self.calls.fetch_sub(1, Ordering::SeqCst);
+            None
+        }
+    }
+
+    /// Waits until no call is scheduling into the old ladder, at most `limit`.
+    pub(super) async fn settled(&self, limit: Duration) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let calls = self.calls.load(Ordering::SeqCst);
+            if calls == 0 {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("{calls} calls still scheduling into the old ladder after {limit:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// One schedule call into the old ladder, counted while it lives.
+#[derive(Debug)]
+pub(super) struct OldLadderCall<'a>(&'a OldLadder);
+
+impl Drop for OldLadderCall<'_> {
+    fn drop(&mut self) {
+        self.0.calls.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
