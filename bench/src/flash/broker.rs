@@ -11,18 +11,19 @@ use secrecy::ExposeSecret;
 pub(super) struct Broker {
     /// Its process id.
     pub(super) pid: Option<u32>,
-    /// `rabbitmq_version` from `rabbitmqctl status` (the local node), or why not.
+    /// The version the broker of the URL announces when a connection opens
+    /// (its `server_properties`), or why not.
     pub(super) version: String,
 }
 
 impl Broker {
     /// The `beam.smp` of `pid`, or the one listening on the AMQP port of
     /// `settings` (the first URL of a list).
-    pub(super) fn find(pid: Option<u32>, settings: &Settings) -> Self {
+    pub(super) async fn find(pid: Option<u32>, settings: &Settings) -> Self {
         let port = amqp_port(settings.amqp.url.expose_secret());
         Self {
             pid: pid.or_else(|| listening_beam(port)),
-            version: version(),
+            version: version(port).await,
         }
     }
 
@@ -96,16 +97,15 @@ fn listening_inodes(port: u16) -> Vec<String> {
         .collect()
 }
 
-fn version() -> String {
-    let out = std::process::Command::new("rabbitmqctl")
-        .args(["-q", "status", "--formatter", "json"])
-        .output();
-    match out {
-        Ok(out) if out.status.success() => serde_json::from_slice::<serde_json::Value>(&out.stdout)
-            .ok()
-            .and_then(|v| v["rabbitmq_version"].as_str().map(str::to_owned))
-            .unwrap_or_else(|| "unknown (no rabbitmq_version in rabbitmqctl status)".into()),
-        _ => "unknown (rabbitmqctl status failed)".into(),
+/// The version the broker on the first URL's port of this host announces in
+/// `connection.start` (`rabbitmqctl status` would ask the local 3.10 node,
+/// whatever port the URL names), or why not.
+async fn version(port: u16) -> String {
+    let asking = tokio::spawn(order_expiry_testkit::announced_version(port));
+    match tokio::time::timeout(std::time::Duration::from_secs(10), asking).await {
+        Ok(Ok(version)) => version.to_string(),
+        Ok(Err(_)) => format!("unknown (no version from 127.0.0.1:{port})"),
+        Err(_) => format!("unknown (no answer from 127.0.0.1:{port} within 10 s)"),
     }
 }
 

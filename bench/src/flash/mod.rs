@@ -209,7 +209,7 @@ pub async fn measure(settings: &Settings, args: &FlashArgs) -> anyhow::Result<Re
     }
     settings.sweeper.enabled = args.sweeper == Switch::On;
     let binary = serve::binary(args.serve_bin.as_deref())?;
-    let broker = broker::Broker::find(args.broker_pid, &settings);
+    let broker = broker::Broker::find(args.broker_pid, &settings).await;
     let mut report = Report::new(&settings, args, &broker);
     for path in &args.paths {
         for bundled in args.bundles.runs() {

@@ -62,7 +62,9 @@ pub async fn broker_version() -> BrokerVersion {
         .await
 }
 
-async fn announced_version(port: u16) -> BrokerVersion {
+/// The version the broker on `127.0.0.1:port` announces; panics when it
+/// does not answer or says no version.
+pub async fn announced_version(port: u16) -> BrokerVersion {
     let mut stream = TcpStream::connect(("127.0.0.1", port))
         .await
         .unwrap_or_else(|e| panic!("connecting to 127.0.0.1:{port}: {e}"));

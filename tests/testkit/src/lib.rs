@@ -36,7 +36,7 @@ pub mod services;
 pub mod tls_front;
 pub mod world;
 
-pub use self::broker::{BrokerVersion, broker_version};
+pub use self::broker::{BrokerVersion, announced_version, broker_version};
 pub use self::child::{Child, Launch, settings_env};
 pub use self::consumer::RunningConsumer;
 pub use self::endpoint::{Endpoint, Reply, Request};
