@@ -5,8 +5,10 @@
 //! the broker is away and 200 again after; every order `schedule()` confirmed
 //! is handled, and **every one is cancelled within the broker's dead-letter
 //! retry plus [`AFTER_RETRY`] of the later of its due time and the broker's
-//! return** (docs/src/results/broker-restarts.md), by the SQL action and by the
-//! HTTP action (an order service that cancels in its own table).
+//! return** (docs/src/results/broker-restarts.md), by the SQL action, by the
+//! HTTP action (an order service that cancels in its own table) and by the
+//! event action (an `order.expired` subscriber on the same broker that cancels
+//! in its own table, [`Subscriber`]).
 //!
 //! The sweeper is off: every cancel is one the ladder delivered and the
 //! consumer made, so a lost message fails the test. The broker carries the
@@ -27,8 +29,8 @@ use tokio_util::sync::CancellationToken;
 use order_expiry_testkit::Endpoint;
 
 use crate::support::{
-    Fault, Outage, ReadyWatch, World, broker_log_count, dead_letter_retry, ensure_ballast,
-    order_service, settle,
+    Fault, Outage, ReadyWatch, Subscriber, World, broker_log_count, dead_letter_retry,
+    ensure_ballast, order_service, settle,
 };
 
 /// The promise: cancelled within the broker's dead-letter retry and this of
@@ -53,6 +55,9 @@ enum Expiry {
     /// `action.kind = http`: the order service's expire endpoint
     /// ([`Endpoint::order_service`]), which cancels in the same table.
     Http,
+    /// `action.kind = amqp`: an `order.expired` event, which [`Subscriber`]
+    /// (on the broker that restarts) turns into the same cancel.
+    Event,
 }
 
 async fn broker_outage(name: &'static str, fault: Fault, consumer: Consumer, expiry: Expiry) {
@@ -65,10 +70,14 @@ async fn broker_outage(name: &'static str, fault: Fault, consumer: Consumer, exp
     let bound = retry + AFTER_RETRY;
     let world = World::new(name).await;
     let endpoint = match expiry {
-        Expiry::Sql => None,
+        Expiry::Sql | Expiry::Event => None,
         Expiry::Http => Some(Endpoint::order_service(Arc::clone(&world.store)).await),
     };
     let base_url = endpoint.as_ref().map(Endpoint::base_url);
+    let subscriber = match expiry {
+        Expiry::Event => Some(Subscriber::start(&world).await),
+        Expiry::Sql | Expiry::Http => None,
+    };
     let mut env = vec![
         // Reconnect every 250 ms at most, so the consumer is back while the
         // restarted node is still recovering its quorum queues.
@@ -77,6 +86,10 @@ async fn broker_outage(name: &'static str, fault: Fault, consumer: Consumer, exp
     if let Some(base_url) = &base_url {
         env.push(("ORDER_EXPIRY__ACTION__KIND", "http"));
         env.push(("ORDER_EXPIRY__ACTION__HTTP__BASE_URL", base_url));
+    }
+    if let Some(subscriber) = &subscriber {
+        env.push(("ORDER_EXPIRY__ACTION__KIND", "amqp"));
+        env.push(("ORDER_EXPIRY__ACTION__AMQP__EXCHANGE", &subscriber.exchange));
     }
     let mut served = world.serve(&env).await;
     served.wait_ready(Duration::from_secs(30)).await;
@@ -146,6 +159,27 @@ async fn broker_outage(name: &'static str, fault: Fault, consumer: Consumer, exp
     ));
     let swept = served.metric("order_expiry_swept_total").await;
     let reconnects = served.metric("order_expiry_reconnects_total").await;
+    let events = match subscriber {
+        Some(subscriber) => {
+            let received = subscriber.stop(&world).await;
+            assert_eq!(
+                received.cancelled as usize, figures.cancelled,
+                "every cancel is the subscriber's, one per order: {received:?}"
+            );
+            assert!(
+                received.reconnects >= 1,
+                "the subscriber never lost the broker"
+            );
+            format!(
+                "; events acked by the subscriber {} (cancels {}, duplicates or not unpaid {}), its reconnects {}",
+                received.events,
+                received.cancelled,
+                received.events.saturating_sub(received.cancelled),
+                received.reconnects
+            )
+        }
+        None => String::new(),
+    };
 
     figures.print(
         name,
@@ -153,7 +187,7 @@ async fn broker_outage(name: &'static str, fault: Fault, consumer: Consumer, exp
             "action {expiry:?}, sweeper off, the broker's dead-letter retry {} s; past max(due, broker back): \
              p50 {} ms, p99 {} ms, max {} ms, beyond {} s: {}; swept {swept}; \"cannot forward\" lines the broker logged for this test's ladder: {stuck_levels}; \
              schedule() errors during the outage {} (all retried to Ok), consumer reconnects {reconnects}, \
-             broker down {:.1} s, ready again {:.1} s after the broker was back, all settled {:.1} s after it",
+             broker down {:.1} s, ready again {:.1} s after the broker was back, all settled {:.1} s after it{events}",
             retry.as_secs(),
             late.p50.as_millis(),
             late.p99.as_millis(),
@@ -290,6 +324,17 @@ async fn the_http_action_cancels_within_the_bound_when_broker_and_consumer_die()
         Fault::BrokerKill,
         Consumer::Killed,
         Expiry::Http,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_action_cancels_within_the_bound_through_a_broker_kill() {
+    broker_outage(
+        "event action: broker kill -9 and restart",
+        Fault::BrokerKill,
+        Consumer::KeptRunning,
+        Expiry::Event,
     )
     .await;
 }
