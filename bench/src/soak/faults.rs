@@ -314,14 +314,21 @@ async fn inject(world: &SoakWorld, kind: Kind) -> anyhow::Result<()> {
             // migration has read past it: what it left there nothing consumes.
             world.old_ladder.settled(Duration::from_secs(90)).await?;
             let from = world.old_ladder.prefix.clone();
-            world
+            let said = world
                 .cli(
                     Which::Sql,
                     &["ladder", "migrate", "--from-prefix", &from],
                     Duration::from_secs(120),
                 )
-                .await
-                .map(drop)
+                .await?;
+            // What went where, for the run's story: the calls the old ladder
+            // took (retries included) and what the migration moved.
+            let moved = said.lines().find(|l| l.starts_with("moved ")).unwrap_or("");
+            println!(
+                "soak: {} schedule calls went to the old ladder; {moved}",
+                world.old_ladder.taken()
+            );
+            Ok(())
         }
     }
 }

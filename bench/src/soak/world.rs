@@ -334,6 +334,8 @@ pub(super) struct OldLadder {
     open: AtomicBool,
     /// Schedule calls into it now.
     calls: AtomicUsize,
+    /// Schedule calls it has taken since it was last opened.
+    taken: AtomicUsize,
 }
 
 impl OldLadder {
@@ -342,12 +344,19 @@ impl OldLadder {
             prefix,
             open: AtomicBool::new(false),
             calls: AtomicUsize::new(0),
+            taken: AtomicUsize::new(0),
         }
     }
 
     /// Library calls go to the old ladder from now on.
     pub(super) fn open(&self) {
+        self.taken.store(0, Ordering::SeqCst);
         self.open.store(true, Ordering::SeqCst);
+    }
+
+    /// Schedule calls that went to it since it was opened.
+    pub(super) fn taken(&self) -> usize {
+        self.taken.load(Ordering::SeqCst)
     }
 
     /// No new call goes to the old ladder.
@@ -361,6 +370,7 @@ impl OldLadder {
     pub(super) fn enter(&self) -> Option<OldLadderCall<'_>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         if self.open.load(Ordering::SeqCst) {
+            self.taken.fetch_add(1, Ordering::SeqCst);
             Some(OldLadderCall(self))
         } else {
             self.calls.fetch_sub(1, Ordering::SeqCst);
