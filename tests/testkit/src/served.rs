@@ -143,7 +143,8 @@ pub fn metric_value(text: &str, series: &str) -> f64 {
     text.lines()
         .filter(|l| l.starts_with(series))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+        // Not `sum()`: an empty float sum is -0.0, which prints as "-0".
+        .fold(0.0, |total, value| total + value)
 }
 
 /// `GET path` on `addr` → (status, body), within 5 s; `None` when nothing answers.
