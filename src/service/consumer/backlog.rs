@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use chrono::Utc;
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use tokio_util::time::DelayQueue;
 
 use super::work::Pending;
@@ -64,22 +64,6 @@ impl Backlog {
         }
     }
 
-    /// Every other held delivery whose timer has fired too, without waiting.
-    /// One timer tick fires many at once (a bundle's orders due together, or
-    /// 20 a millisecond in a flash sale): taken one event each, the first ones
-    /// would start batches of one order apiece while the statement slots are
-    /// free, and the many small commits fall behind. Bounded by what is held
-    /// now, so one re-held for its last fraction of a millisecond is not
-    /// taken again and again.
-    pub(super) fn take_expired(&mut self) {
-        for _ in 0..self.held.len() {
-            match self.held.next().now_or_never() {
-                Some(Some(expired)) => self.hold_expired(expired.into_inner()),
-                Some(None) | None => break,
-            }
-        }
-    }
-
     /// A failed batch of several: its two halves run next, each as a batch of
     /// its own.
     pub(super) fn split(&mut self, mut batch: Vec<Pending>) {
@@ -119,59 +103,5 @@ impl Backlog {
     pub(super) fn orders(&self) -> usize {
         let split: usize = self.split.iter().map(Vec::len).sum();
         self.ready.len() + self.held.len() + split
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use chrono::TimeDelta;
-    use lapin::message::Delivery;
-
-    use super::*;
-    use crate::publisher::{ExpiryMessage, OrderId};
-
-    /// `n` orders of one bundle, each held until `due_in` from now.
-    fn hold(backlog: &mut Backlog, prefix: &str, n: usize, due_in: Duration) {
-        let delivery = Arc::new(Delivery::mock(1, "".into(), "".into(), false, Vec::new()));
-        let due_at = Utc::now() + TimeDelta::from_std(due_in).unwrap();
-        for i in 0..n {
-            let order_id = OrderId::new(format!("{prefix}-{i}")).unwrap();
-            let message = ExpiryMessage::new(order_id, due_at);
-            backlog.hold(Pending::new(Arc::clone(&delivery), message, true), due_in);
-        }
-    }
-
-    #[tokio::test]
-    async fn holds_that_fired_together_start_as_one_batch_and_the_others_stay_held() {
-        let mut backlog = Backlog::new();
-        hold(&mut backlog, "now", 100, Duration::from_millis(5));
-        hold(&mut backlog, "later", 10, Duration::from_secs(60));
-        tokio::time::sleep(Duration::from_millis(30)).await;
-
-        let fired = backlog.next_expired().await.expect("a hold fired");
-        backlog.hold_expired(fired);
-        backlog.take_expired();
-
-        // One cancel statement for the hundred, not one each.
-        let batch = backlog.next_batch(200).expect("a batch");
-        assert_eq!(batch.len(), 100);
-        assert!(
-            batch
-                .iter()
-                .all(|p| p.message.order_id.as_str().starts_with("now-"))
-        );
-        assert!(backlog.next_batch(200).is_none(), "nothing else is due");
-        assert_eq!(backlog.orders(), 10, "the later ones are still held");
-    }
-
-    #[tokio::test]
-    async fn taking_the_fired_holds_takes_nothing_when_none_fired() {
-        let mut backlog = Backlog::new();
-        hold(&mut backlog, "later", 10, Duration::from_secs(60));
-        backlog.take_expired();
-        assert!(backlog.next_batch(200).is_none());
-        assert_eq!(backlog.orders(), 10);
     }
 }

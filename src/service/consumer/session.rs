@@ -275,12 +275,9 @@ impl<'a, A: Action> Session<'a, A> {
         }
     }
 
-    /// A held delivery's timer fired: ready if it is due, held again
-    /// otherwise; with it, every other one whose timer fired, so that they
-    /// start as one batch.
+    /// A held delivery's timer fired: ready if it is due, held again otherwise.
     fn on_hold_expired(&mut self, pending: Pending) {
         self.backlog.hold_expired(pending);
-        self.backlog.take_expired();
     }
 
     /// How long this session has been consuming.
