@@ -68,6 +68,16 @@ pub(crate) const ORDERS_PER_MESSAGE: Metric = metric(
     Kind::Histogram,
     "Orders in each due message the consumer decoded: 1 for a v1 message, more for a v2 bundle (group commit under load). _count is due messages, _sum is orders.",
 );
+pub(crate) const BATCH_ORDERS: Metric = metric(
+    "order_expiry_batch_orders",
+    Kind::Histogram,
+    "Orders in each call of the action (one cancel statement, for the SQL action): batches grow with the load, up to consumer.batch_max. _sum / _count is the mean batch.",
+);
+pub(crate) const BATCH_SECONDS: Metric = metric(
+    "order_expiry_batch_seconds",
+    Kind::Histogram,
+    "Duration of each call of the action, whatever its result: with order_expiry_batch_orders, the action's cost per order at the batch sizes the load makes.",
+);
 pub(crate) const EARLY_TOTAL: Metric = metric(
     "order_expiry_early_total",
     Kind::Counter,
@@ -162,6 +172,8 @@ pub(crate) const CATALOG: &[Metric] = &[
     LATENESS_SECONDS,
     ARRIVAL_LATENESS_SECONDS,
     ORDERS_PER_MESSAGE,
+    BATCH_ORDERS,
+    BATCH_SECONDS,
     EARLY_TOTAL,
     HELD_TOTAL,
     PARKED_TOTAL,

@@ -5,8 +5,8 @@ use std::sync::OnceLock;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use super::catalog::{
-    ARRIVAL_LATENESS_SECONDS, CATALOG, Kind, LATENESS_SECONDS, MESSAGES_TOTAL, ORDERS_PER_MESSAGE,
-    OUTBOX_LAG_SECONDS,
+    ARRIVAL_LATENESS_SECONDS, BATCH_ORDERS, BATCH_SECONDS, CATALOG, Kind, LATENESS_SECONDS,
+    MESSAGES_TOTAL, ORDERS_PER_MESSAGE, OUTBOX_LAG_SECONDS,
 };
 
 /// Lateness buckets, in seconds: fine below 100 ms where the target is, coarse above.
@@ -31,6 +31,18 @@ const OUTBOX_LAG_BUCKETS: &[f64] = &[
 /// well past the default `publisher.bundle_max_orders` (100).
 const ORDERS_PER_MESSAGE_BUCKETS: &[f64] =
     &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0];
+
+/// Orders per action call: 1 at low load, up to `consumer.batch_max` (200)
+/// and a custom one's larger values.
+const BATCH_ORDERS_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 150.0, 200.0, 500.0, 1000.0,
+];
+
+/// Action call durations, in seconds: a commit's millisecond, a full batch's
+/// tens of ms, a slow order service's seconds up to its timeout.
+const BATCH_SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
 
 /// The recorder, installed on first use.
 pub(crate) fn metrics_handle() -> PrometheusHandle {
@@ -58,6 +70,18 @@ pub(crate) fn metrics_handle() -> PrometheusHandle {
                     b.set_buckets_for_metric(
                         Matcher::Full(ORDERS_PER_MESSAGE.name.to_owned()),
                         ORDERS_PER_MESSAGE_BUCKETS,
+                    )
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(BATCH_ORDERS.name.to_owned()),
+                        BATCH_ORDERS_BUCKETS,
+                    )
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(BATCH_SECONDS.name.to_owned()),
+                        BATCH_SECONDS_BUCKETS,
                     )
                 })
                 .unwrap_or_else(|_| PrometheusBuilder::new());

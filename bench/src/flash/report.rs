@@ -59,6 +59,11 @@ pub struct Row {
     pub arrived_late: f64,
     /// Of those, the ones that reached it more than 100 ms after.
     pub arrived_over_100ms: f64,
+    /// Orders per cancel statement, on average (0 when serve has no
+    /// `order_expiry_batch_orders`).
+    pub batch_mean_orders: f64,
+    /// The cancel statement's time per order at those batch sizes, µs.
+    pub statement_us_per_order: f64,
     /// Every cancelled order's lateness, sorted.
     #[serde(skip)]
     pub lateness_ms: Vec<f64>,
@@ -96,6 +101,8 @@ impl Row {
             serve_peak_rss_mb: 0.0,
             arrived_late: 0.0,
             arrived_over_100ms: 0.0,
+            batch_mean_orders: 0.0,
+            statement_us_per_order: 0.0,
             lateness_ms,
         }
     }

@@ -97,9 +97,19 @@ async fn run_in(
     row.serve_peak_rss_mb = peak_rss as f64 / 1e6;
     row.arrived_late = metrics.arrived_late;
     row.arrived_over_100ms = metrics.arrived_over_100ms;
+    if metrics.batches > 0.0 && metrics.batched_orders > 0.0 {
+        row.batch_mean_orders = metrics.batched_orders / metrics.batches;
+        row.statement_us_per_order = metrics.batch_seconds * 1e6 / metrics.batched_orders;
+    }
     say(format!(
-        "{:.0} orders reached serve after due_at, {:.0} of them more than 100 ms after",
-        row.arrived_late, row.arrived_over_100ms
+        "{:.0} orders reached serve after due_at, {:.0} of them more than 100 ms after; \
+         {:.0} cancel statements, {:.1} orders and {:.1} ms each on average ({:.0} µs per order)",
+        row.arrived_late,
+        row.arrived_over_100ms,
+        metrics.batches,
+        row.batch_mean_orders,
+        metrics.batch_seconds * 1e3 / metrics.batches.max(1.0),
+        row.statement_us_per_order,
     ));
     Ok(row)
 }

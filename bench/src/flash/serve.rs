@@ -62,6 +62,12 @@ pub(super) struct Metrics {
     pub(super) arrived_late: f64,
     /// Of those, the ones that reached it more than 100 ms after.
     pub(super) arrived_over_100ms: f64,
+    /// Action calls (cancel statements): `order_expiry_batch_orders_count`.
+    pub(super) batches: f64,
+    /// Orders in them: `order_expiry_batch_orders_sum`.
+    pub(super) batched_orders: f64,
+    /// Seconds spent in them: `order_expiry_batch_seconds_sum`.
+    pub(super) batch_seconds: f64,
 }
 
 impl Metrics {
@@ -86,6 +92,9 @@ impl Metrics {
             arrived_late,
             arrived_over_100ms: arrived_late
                 - metric_value(text, &format!("{arrival}_bucket{{le=\"0.1\"}}")),
+            batches: metric_value(text, "order_expiry_batch_orders_count"),
+            batched_orders: metric_value(text, "order_expiry_batch_orders_sum"),
+            batch_seconds: metric_value(text, "order_expiry_batch_seconds_sum"),
         }
     }
 

@@ -26,7 +26,9 @@ use crate::publisher::ExpiryMessage;
 use crate::service::CONSUMER;
 use crate::service::action::{Action, ActionError, Expiring, PaymentCheck};
 use crate::settings::CheckSettings;
-use crate::telemetry::{EARLY_TOTAL, LATENESS_SECONDS, MESSAGES_TOTAL};
+use crate::telemetry::{
+    BATCH_ORDERS, BATCH_SECONDS, EARLY_TOTAL, LATENESS_SECONDS, MESSAGES_TOTAL,
+};
 
 /// A decoded delivery (or one order of a bundle) waiting for, or in, a
 /// batch, with its span.
@@ -188,7 +190,11 @@ pub(super) fn expire_work<A: Action>(
         let act: Vec<usize> = (0..batch.len()).filter(|i| next[*i].is_none()).collect();
         if !act.is_empty() {
             let due: Vec<Expiring<'_>> = act.iter().map(|i| batch[*i].expiring()).collect();
-            let verdicts = match work.action.expire(&due).await {
+            let started = std::time::Instant::now();
+            let result = work.action.expire(&due).await;
+            metrics::histogram!(BATCH_ORDERS.name).record(due.len() as f64);
+            metrics::histogram!(BATCH_SECONDS.name).record(started.elapsed().as_secs_f64());
+            let verdicts = match result {
                 Ok(v) if v.len() == due.len() => v,
                 Ok(v) => {
                     let error = ActionError::Unavailable(format!(
