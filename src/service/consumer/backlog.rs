@@ -2,20 +2,27 @@
 //! and parts of batches that run as batches of their own first (the halves
 //! of a failed batch, a message retried alone, batches that waited out an
 //! outage). The one place that changes any of them.
+//!
+//! Held orders are kept by the moment they are due, under one timer for the
+//! earliest. When it fires, every order due by then becomes ready at once, so
+//! the orders of a flash sale that fall due together (20 a millisecond, or a
+//! bundle's all at once) start as one batch, never one statement each. A
+//! timer per order did that one order per turn of the session's loop, and a
+//! free statement slot took each turn's order as a batch of its own.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
+use std::pin::Pin;
 use std::time::Duration;
 
-use chrono::Utc;
-use futures::StreamExt;
-use tokio_util::time::DelayQueue;
+use chrono::{DateTime, Utc};
+use tokio::time::{Instant, Sleep};
 
 use super::work::Pending;
 
 /// Deliveries (or orders of bundles) not in a batch yet.
 pub(super) struct Backlog {
-    /// Early deliveries, each until its `due_at`.
-    held: DelayQueue<Pending>,
+    /// Early deliveries, each until its `process_at`.
+    held: Holds,
     /// Due deliveries waiting for a cancel statement.
     ready: VecDeque<Pending>,
     /// Parts of failed batches, each run as a batch of its own before `ready`,
@@ -23,10 +30,21 @@ pub(super) struct Backlog {
     split: VecDeque<Vec<Pending>>,
 }
 
+/// Held orders by when they may be processed, and the timer for the earliest.
+struct Holds {
+    by_due: BTreeMap<DateTime<Utc>, Vec<Pending>>,
+    len: usize,
+    timer: Pin<Box<Sleep>>,
+}
+
 impl Backlog {
     pub(super) fn new() -> Self {
         Self {
-            held: DelayQueue::new(),
+            held: Holds {
+                by_due: BTreeMap::new(),
+                len: 0,
+                timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            },
             ready: VecDeque::new(),
             split: VecDeque::new(),
         }
@@ -37,30 +55,47 @@ impl Backlog {
         self.ready.push_back(pending);
     }
 
-    /// Early by `early`: held until then.
-    pub(super) fn hold(&mut self, pending: Pending, early: Duration) {
-        self.held.insert(pending, early);
+    /// Early: held until its `process_at` (`due_at`, or a later `not_before`).
+    pub(super) fn hold(&mut self, pending: Pending) {
+        let at = pending.message.process_at();
+        self.held.by_due.entry(at).or_default().push(pending);
+        self.held.len += 1;
     }
 
     /// Whether any delivery is held.
     pub(super) fn is_holding(&self) -> bool {
-        !self.held.is_empty()
+        self.held.len > 0
     }
 
-    /// The next held delivery whose timer fired; `None` when none is held.
-    pub(super) async fn next_expired(&mut self) -> Option<Pending> {
-        self.held.next().await.map(|expired| expired.into_inner())
+    /// Waits until the earliest held order is due (at once when none is
+    /// held: call it only while [`Backlog::is_holding`]). Cancel-safe: the
+    /// timer lives here, and [`Backlog::release_due`] moves the orders.
+    pub(super) async fn next_due(&mut self) {
+        let Some(at) = self.held.by_due.keys().next() else {
+            return;
+        };
+        // The timer has millisecond ticks and rounds up; the wall clock
+        // decides in release_due, so a clock a fraction behind the timer
+        // only means one more short wait, never an early cancel.
+        let left = (*at - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+        let deadline = Instant::now() + left;
+        if self.held.timer.deadline() != deadline {
+            self.held.timer.as_mut().reset(deadline);
+        }
+        self.held.timer.as_mut().await;
     }
 
-    /// A held delivery's timer fired: ready if its `due_at` (or later
-    /// `not_before`) has passed (the timer has millisecond granularity), held
-    /// again otherwise.
-    pub(super) fn hold_expired(&mut self, pending: Pending) {
-        match (pending.message.process_at() - Utc::now()).to_std() {
-            Ok(left) if !left.is_zero() => {
-                self.held.insert(pending, left);
+    /// Every held order whose `process_at` has passed becomes ready, the
+    /// earliest first.
+    pub(super) fn release_due(&mut self) {
+        let now = Utc::now();
+        while let Some(entry) = self.held.by_due.first_entry() {
+            if *entry.key() > now {
+                break;
             }
-            _ => self.ready.push_back(pending),
+            let due = entry.remove();
+            self.held.len -= due.len();
+            self.ready.extend(due);
         }
     }
 
@@ -102,6 +137,80 @@ impl Backlog {
     /// Orders waiting here (for the drain's count of released deliveries).
     pub(super) fn orders(&self) -> usize {
         let split: usize = self.split.iter().map(Vec::len).sum();
-        self.ready.len() + self.held.len() + split
+        self.ready.len() + self.held.len + split
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use chrono::TimeDelta;
+    use lapin::message::Delivery;
+
+    use super::*;
+    use crate::publisher::{ExpiryMessage, OrderId};
+
+    /// `n` orders of one bundle, each due `due_in` from now, held.
+    fn hold(backlog: &mut Backlog, prefix: &str, n: usize, due_in: Duration) {
+        let delivery = Arc::new(Delivery::mock(1, "".into(), "".into(), false, Vec::new()));
+        let due_at = Utc::now() + TimeDelta::from_std(due_in).unwrap();
+        for i in 0..n {
+            let order_id = OrderId::new(format!("{prefix}-{i}")).unwrap();
+            let message = ExpiryMessage::new(order_id, due_at);
+            backlog.hold(Pending::new(Arc::clone(&delivery), message, true));
+        }
+    }
+
+    #[tokio::test]
+    async fn holds_due_together_start_as_one_batch_and_the_others_stay_held() {
+        let mut backlog = Backlog::new();
+        hold(&mut backlog, "now", 100, Duration::from_millis(5));
+        hold(&mut backlog, "later", 10, Duration::from_secs(60));
+        tokio::time::sleep(Duration::from_millis(30)).await;
+
+        backlog.next_due().await;
+        backlog.release_due();
+
+        // One cancel statement for the hundred, not one each.
+        let batch = backlog.next_batch(200).expect("a batch");
+        assert_eq!(batch.len(), 100);
+        assert!(
+            batch
+                .iter()
+                .all(|p| p.message.order_id.as_str().starts_with("now-"))
+        );
+        assert!(backlog.next_batch(200).is_none(), "nothing else is due");
+        assert_eq!(backlog.orders(), 10, "the later ones are still held");
+    }
+
+    #[tokio::test]
+    async fn a_held_order_is_released_at_its_due_time_never_before() {
+        let mut backlog = Backlog::new();
+        for (i, ms) in [40u64, 10, 25].into_iter().enumerate() {
+            hold(&mut backlog, &format!("o{i}"), 1, Duration::from_millis(ms));
+        }
+        let mut released = Vec::new();
+        while backlog.is_holding() {
+            backlog.next_due().await;
+            backlog.release_due();
+            let now = Utc::now();
+            while let Some(batch) = backlog.next_batch(200) {
+                for p in batch {
+                    assert!(now >= p.message.process_at(), "released early");
+                    released.push(p.message.order_id.as_str().to_owned());
+                }
+            }
+        }
+        assert_eq!(released, ["o1-0", "o2-0", "o0-0"], "the earliest first");
+    }
+
+    #[tokio::test]
+    async fn nothing_is_released_before_any_hold_is_due() {
+        let mut backlog = Backlog::new();
+        hold(&mut backlog, "later", 10, Duration::from_secs(60));
+        backlog.release_due();
+        assert!(backlog.next_batch(200).is_none());
+        assert_eq!(backlog.orders(), 10);
     }
 }

@@ -74,7 +74,7 @@ enum Event {
     Shutdown,
     Finished(Done),
     RetryDue,
-    HoldExpired(Pending),
+    HoldsDue,
     RetryOneDue(Retry),
     Delivery(Option<lapin::Result<Delivery>>),
 }
@@ -119,12 +119,16 @@ impl<'a, A: Action> Session<'a, A> {
     /// Handles events until `shutdown` (`Ok`) or a broker fault (`Err`).
     pub(super) async fn serve(&mut self, shutdown: &CancellationToken) -> Result<(), SessionError> {
         loop {
+            // Every turn, not only when the holds' timer fires: under load the
+            // timer can fire tens of ms late, while deliveries and finished
+            // batches come every millisecond.
+            self.backlog.release_due();
             self.start_batches();
             match self.next_event(shutdown).await {
                 Event::Shutdown => return Ok(()),
                 Event::Finished(done) => self.on_finished(done).await?,
                 Event::RetryDue => self.on_retry_due(),
-                Event::HoldExpired(pending) => self.on_hold_expired(pending),
+                Event::HoldsDue => self.on_holds_due(),
                 Event::RetryOneDue(retry) => self.on_retry_one_due(retry),
                 Event::Delivery(delivery) => self.on_delivery(delivery).await?,
             }
@@ -147,7 +151,7 @@ impl<'a, A: Action> Session<'a, A> {
             _ = shutdown.cancelled() => Event::Shutdown,
             Some(done) = in_flight.next(), if busy => Event::Finished(done),
             _ = sleep_until(retry_at), if retry_at.is_some() => Event::RetryDue,
-            Some(pending) = backlog.next_expired(), if holding => Event::HoldExpired(pending),
+            () = backlog.next_due(), if holding => Event::HoldsDue,
             Some(retry) = retries.next_due(), if retrying => Event::RetryOneDue(retry),
             delivery = link.next_delivery(), if retry_at.is_none() => Event::Delivery(delivery),
         }
@@ -258,7 +262,7 @@ impl<'a, A: Action> Session<'a, A> {
         pending
             .span
             .in_scope(|| debug!(target: CONSUMER, early_ms, "held until due_at"));
-        self.backlog.hold(pending, early);
+        self.backlog.hold(pending);
     }
 
     /// A message's, a park's or a re-queue's own retry timer fired: the
@@ -275,9 +279,10 @@ impl<'a, A: Action> Session<'a, A> {
         }
     }
 
-    /// A held delivery's timer fired: ready if it is due, held again otherwise.
-    fn on_hold_expired(&mut self, pending: Pending) {
-        self.backlog.hold_expired(pending);
+    /// The earliest held order's time came: every held order due by now is
+    /// ready, to start together.
+    fn on_holds_due(&mut self) {
+        self.backlog.release_due();
     }
 
     /// How long this session has been consuming.
