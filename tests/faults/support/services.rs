@@ -64,6 +64,30 @@ pub fn ensure_broker_up() {
         );
     }
     let _ = run("rabbitmqctl", &["-q", "await_startup", "--timeout", "90"]);
+    await_no_alarm();
+}
+
+/// Waits (up to 60 s) until the node has no resource alarm: a node in a
+/// memory or disk alarm answers AMQP but blocks every publisher, so it is
+/// not back for the tests' bounds until the alarm clears. Says so when it
+/// waited, so that a late order's figures name the cause.
+fn await_no_alarm() {
+    let started = Instant::now();
+    let mut last = String::new();
+    while started.elapsed() < Duration::from_secs(60) {
+        match run("rabbitmqctl", &["-q", "eval", "rabbit_alarm:get_alarms()."]) {
+            Ok(alarms) if alarms.trim() == "[]" => break,
+            Ok(alarms) => last = alarms.trim().to_owned(),
+            Err(e) => last = e,
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if !last.is_empty() {
+        eprintln!(
+            "the broker was in a resource alarm for {:.1} s after it started: {last}",
+            started.elapsed().as_secs_f64()
+        );
+    }
 }
 
 fn pg_version() -> String {
