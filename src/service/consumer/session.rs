@@ -10,8 +10,8 @@
 //!   re-queues.
 //! - `unacked`, [`Unacked`] (`unacked.rs`): the ack tracker and the bundles
 //!   with orders not settled yet.
-//! - `backlog`, [`Backlog`] (`backlog.rs`): held deliveries on their timers,
-//!   ready ones, and parts of split batches that run first.
+//! - `backlog`, [`Backlog`] (`backlog.rs`): held deliveries by their due
+//!   time, ready ones, and parts of split batches that run first.
 //! - `in_flight`, [`InFlight`] (`work.rs`): batches, parks and re-queues
 //!   running now.
 //! - `retries`, [`Retries`] (`retries.rs`): messages, parks and re-queues
