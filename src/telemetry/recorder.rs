@@ -6,7 +6,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use super::catalog::{
     ARRIVAL_LATENESS_SECONDS, BATCH_ORDERS, BATCH_SECONDS, CATALOG, Kind, LATENESS_SECONDS,
-    MESSAGES_TOTAL, ORDERS_PER_MESSAGE, OUTBOX_LAG_SECONDS,
+    MESSAGES_TOTAL, Metric, ORDERS_PER_MESSAGE, OUTBOX_LAG_SECONDS,
 };
 
 /// Lateness buckets, in seconds: fine below 100 ms where the target is, coarse above.
@@ -44,45 +44,25 @@ const BATCH_SECONDS_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
+/// Every histogram's buckets (the exporter's default buckets suit none of them).
+const HISTOGRAM_BUCKETS: &[(Metric, &[f64])] = &[
+    (LATENESS_SECONDS, LATENESS_BUCKETS),
+    (ARRIVAL_LATENESS_SECONDS, ARRIVAL_LATENESS_BUCKETS),
+    (OUTBOX_LAG_SECONDS, OUTBOX_LAG_BUCKETS),
+    (ORDERS_PER_MESSAGE, ORDERS_PER_MESSAGE_BUCKETS),
+    (BATCH_ORDERS, BATCH_ORDERS_BUCKETS),
+    (BATCH_SECONDS, BATCH_SECONDS_BUCKETS),
+];
+
 /// The recorder, installed on first use.
 pub(crate) fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            let builder = PrometheusBuilder::new()
-                .set_buckets_for_metric(
-                    Matcher::Full(LATENESS_SECONDS.name.to_owned()),
-                    LATENESS_BUCKETS,
-                )
-                .and_then(|b| {
-                    b.set_buckets_for_metric(
-                        Matcher::Full(ARRIVAL_LATENESS_SECONDS.name.to_owned()),
-                        ARRIVAL_LATENESS_BUCKETS,
-                    )
-                })
-                .and_then(|b| {
-                    b.set_buckets_for_metric(
-                        Matcher::Full(OUTBOX_LAG_SECONDS.name.to_owned()),
-                        OUTBOX_LAG_BUCKETS,
-                    )
-                })
-                .and_then(|b| {
-                    b.set_buckets_for_metric(
-                        Matcher::Full(ORDERS_PER_MESSAGE.name.to_owned()),
-                        ORDERS_PER_MESSAGE_BUCKETS,
-                    )
-                })
-                .and_then(|b| {
-                    b.set_buckets_for_metric(
-                        Matcher::Full(BATCH_ORDERS.name.to_owned()),
-                        BATCH_ORDERS_BUCKETS,
-                    )
-                })
-                .and_then(|b| {
-                    b.set_buckets_for_metric(
-                        Matcher::Full(BATCH_SECONDS.name.to_owned()),
-                        BATCH_SECONDS_BUCKETS,
-                    )
+            let builder = HISTOGRAM_BUCKETS
+                .iter()
+                .try_fold(PrometheusBuilder::new(), |builder, (metric, buckets)| {
+                    builder.set_buckets_for_metric(Matcher::Full(metric.name.to_owned()), buckets)
                 })
                 .unwrap_or_else(|_| PrometheusBuilder::new());
             let recorder = builder.build_recorder();
@@ -120,5 +100,26 @@ fn describe_metrics() {
     // Every outcome label of `order_expiry_messages_total`, at 0.
     for outcome in crate::service::Outcome::ALL {
         metrics::counter!(MESSAGES_TOTAL.name, "outcome" => outcome.label()).increment(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_histogram_has_buckets_of_its_own() {
+        for metric in CATALOG.iter().filter(|m| m.kind == Kind::Histogram) {
+            let buckets = HISTOGRAM_BUCKETS
+                .iter()
+                .find(|(m, _)| m.name == metric.name)
+                .map(|(_, buckets)| *buckets);
+            let buckets = buckets.unwrap_or_else(|| panic!("{} has no buckets", metric.name));
+            assert!(
+                buckets.windows(2).all(|w| w[0] < w[1]),
+                "{}: buckets must rise",
+                metric.name
+            );
+        }
     }
 }
