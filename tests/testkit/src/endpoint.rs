@@ -78,7 +78,8 @@ impl Endpoint {
     /// rule: 200 when it cancelled, 409 when the order is not unpaid or its
     /// deadline is later than the request's `due_at`, 404 when unknown, 503
     /// when the database fails. Tests audit its table as they audit the SQL
-    /// action's.
+    /// action's. Its expires are recorded once answered, so a test that has
+    /// seen one ([`Endpoint::wait_for`]) sees its effect in the table.
     pub async fn order_service(orders: Arc<PgOrderStore>) -> Self {
         let endpoint = Self::start().await;
         endpoint.state.lock().unwrap().orders = Some(orders);
@@ -133,7 +134,8 @@ impl Endpoint {
         self.state.lock().unwrap().outages.remove(kind);
     }
 
-    /// Every request so far, in arrival order.
+    /// Every request so far, in arrival order; an order service's expire
+    /// ([`Endpoint::order_service`]) once it has answered.
     pub fn requests(&self) -> Vec<Request> {
         self.state.lock().unwrap().requests.clone()
     }
@@ -197,16 +199,16 @@ async fn answer(state: Arc<Mutex<State>>, request: HttpRequest<Body>) -> Respons
     let order_id = percent_encoding::percent_decode_str(encoded)
         .decode_utf8_lossy()
         .into_owned();
+    let request = Request {
+        method,
+        kind: kind.to_owned(),
+        order_id: order_id.clone(),
+        headers,
+        body: body.clone(),
+        at,
+    };
     let (reply, orders) = {
         let mut state = state.lock().unwrap();
-        state.requests.push(Request {
-            method,
-            kind: kind.to_owned(),
-            order_id: order_id.clone(),
-            headers,
-            body: body.clone(),
-            at,
-        });
         let scripted = match state.scripts.get_mut(&format!("{kind} {order_id}")) {
             Some(script) if script.len() > 1 => script.pop_front(),
             Some(script) => script.front().cloned(),
@@ -216,8 +218,13 @@ async fn answer(state: Arc<Mutex<State>>, request: HttpRequest<Body>) -> Respons
         (reply, state.orders.clone())
     };
     if let (None, "expire", Some(orders)) = (&reply, kind, orders) {
-        return expire(&orders, &order_id, &body).await.into_response();
+        // Recorded once its statement has committed (or failed), so that a
+        // test which saw the request sees its effect in the table.
+        let answer = expire(&orders, &order_id, &body).await;
+        state.lock().unwrap().requests.push(request);
+        return answer.into_response();
     }
+    state.lock().unwrap().requests.push(request);
     let reply = reply.unwrap_or(match kind {
         "payment" => Reply::Payment("unpaid"),
         _ => Reply::Status(200, "{}".into()),
