@@ -8,17 +8,14 @@
 //! - [`Ledger`] / [`Figures`]: what the order service did, audited from the
 //!   database against the invariants.
 //! - [`ensure_ballast`]: the broker topology under which a restart stalls a level.
-//! - [`Subscriber`]: an `order.expired` subscriber that cancels, for the event action.
 
 mod audit;
 mod ballast;
 mod services;
-mod subscriber;
 mod world;
 
 pub use audit::*;
 pub use ballast::*;
-pub use order_expiry_testkit::{ReadyWatch, at_ms};
+pub use order_expiry_testkit::{ReadyWatch, Subscriber, at_ms};
 pub use services::*;
-pub use subscriber::*;
 pub use world::*;

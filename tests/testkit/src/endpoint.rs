@@ -43,6 +43,9 @@ pub struct Request {
     pub body: String,
     /// When it arrived.
     pub at: DateTime<Utc>,
+    /// What the order service answered ([`Endpoint::order_service`]'s own
+    /// expires only; `None` for scripted answers).
+    pub status: Option<u16>,
 }
 
 #[derive(Debug, Default)]
@@ -206,6 +209,7 @@ async fn answer(state: Arc<Mutex<State>>, request: HttpRequest<Body>) -> Respons
         headers,
         body: body.clone(),
         at,
+        status: None,
     };
     let (reply, orders) = {
         let mut state = state.lock().unwrap();
@@ -221,8 +225,12 @@ async fn answer(state: Arc<Mutex<State>>, request: HttpRequest<Body>) -> Respons
         // Recorded once its statement has committed (or failed), so that a
         // test which saw the request sees its effect in the table.
         let answer = expire(&orders, &order_id, &body).await;
-        state.lock().unwrap().requests.push(request);
-        return answer.into_response();
+        let status = answer.status();
+        state.lock().unwrap().requests.push(Request {
+            status: Some(status.as_u16()),
+            ..request
+        });
+        return answer;
     }
     state.lock().unwrap().requests.push(request);
     let reply = reply.unwrap_or(match kind {
@@ -247,41 +255,94 @@ async fn answer(state: Arc<Mutex<State>>, request: HttpRequest<Body>) -> Respons
     }
 }
 
-/// An order service's expire: the contract's atomic cancel with the deadline
-/// rule, in one statement; see [`Endpoint::order_service`].
-async fn expire(orders: &PgOrderStore, order_id: &str, body: &str) -> (StatusCode, String) {
+/// What an order service decided about one expire of an order, by its own
+/// clock ([`expire_order`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expiry {
+    /// It was unpaid and due: cancelled.
+    Cancelled,
+    /// Paid, already cancelled, or its deadline extended past `due_at`.
+    NotUnpaid,
+    /// No such order.
+    Unknown,
+    /// `due_at` is still this far ahead of the service's clock: nothing done.
+    Early(Duration),
+}
+
+/// An order service's expire, as the contract asks of one: in one
+/// transaction, so that one reading of its clock (`now()`) decides, the order
+/// is locked, judged and cancelled only if it is unpaid, its deadline was not
+/// extended past `due_at`, and `due_at` has passed by the service's clock.
+/// Two statements with two readings of the clock would take an order that
+/// fell due between them for one that is not unpaid, and nothing would ever
+/// cancel it. The testkit's order service and event subscriber both expire
+/// through this.
+pub async fn expire_order(
+    orders: &PgOrderStore,
+    order_id: &str,
+    due_at: DateTime<Utc>,
+) -> Result<Expiry, String> {
+    let mut client = orders.client().await.map_err(|e| e.to_string())?;
+    let tx = client.transaction().await.map_err(|e| e.to_string())?;
+    let row = tx
+        .query_opt(
+            "SELECT status = 'unpaid', pay_deadline > $2, $2 > now(), \
+             ceil(extract(epoch FROM $2 - now()) * 1000)::bigint \
+             FROM orders WHERE id = $1 FOR UPDATE",
+            &[&order_id, &due_at],
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let Some(row) = row else {
+        return Ok(Expiry::Unknown);
+    };
+    let (unpaid, extended, early, due_in_ms): (bool, Option<bool>, bool, i64) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    if !unpaid || extended == Some(true) {
+        return Ok(Expiry::NotUnpaid);
+    }
+    if early {
+        let due_in = Duration::from_millis(u64::try_from(due_in_ms).unwrap_or(1).max(1));
+        return Ok(Expiry::Early(due_in));
+    }
+    tx.execute(
+        "UPDATE orders SET status = 'cancelled', cancelled_at = now() WHERE id = $1",
+        &[&order_id],
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    tx.commit().await.map_err(|e| e.to_string())?;
+    Ok(Expiry::Cancelled)
+}
+
+/// The expire endpoint of the order service ([`Endpoint::order_service`]):
+/// [`expire_order`], answered as the contract says: 200, 409, 404, or 425
+/// Too Early with the time left (`Retry-After` in whole seconds, `due_in_ms`
+/// in the body).
+async fn expire(orders: &PgOrderStore, order_id: &str, body: &str) -> Response {
     let due_at = serde_json::from_str::<serde_json::Value>(body)
         .ok()
         .and_then(|v| v.get("due_at")?.as_str()?.parse::<DateTime<Utc>>().ok());
     let Some(due_at) = due_at else {
-        return (StatusCode::BAD_REQUEST, format!("no due_at in {body}"));
+        return (StatusCode::BAD_REQUEST, format!("no due_at in {body}")).into_response();
     };
-    let answer = async {
-        let client = orders.client().await.map_err(|e| e.to_string())?;
-        let cancelled = client
-            .query_opt(
-                "UPDATE orders SET status = 'cancelled', cancelled_at = now() \
-                 WHERE id = $1 AND status = 'unpaid' \
-                 AND (pay_deadline IS NULL OR pay_deadline <= $2) RETURNING id",
-                &[&order_id, &due_at],
+    let empty = || "{}".to_owned();
+    match expire_order(orders, order_id, due_at).await {
+        Ok(Expiry::Cancelled) => (StatusCode::OK, empty()).into_response(),
+        Ok(Expiry::NotUnpaid) => (StatusCode::CONFLICT, empty()).into_response(),
+        Ok(Expiry::Unknown) => (StatusCode::NOT_FOUND, empty()).into_response(),
+        Ok(Expiry::Early(due_in)) => {
+            let due_in_ms = due_in.as_millis();
+            (
+                StatusCode::TOO_EARLY,
+                [
+                    ("retry-after", due_in_ms.div_ceil(1000).to_string()),
+                    ("content-type", "application/json".to_owned()),
+                ],
+                format!(r#"{{"due_in_ms":{due_in_ms}}}"#),
             )
-            .await
-            .map_err(|e| e.to_string())?;
-        if cancelled.is_some() {
-            return Ok(StatusCode::OK);
+                .into_response()
         }
-        let known = client
-            .query_opt("SELECT 1 FROM orders WHERE id = $1", &[&order_id])
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok::<_, String>(if known.is_some() {
-            StatusCode::CONFLICT
-        } else {
-            StatusCode::NOT_FOUND
-        })
-    };
-    match answer.await {
-        Ok(status) => (status, "{}".into()),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e).into_response(),
     }
 }

@@ -16,6 +16,8 @@
 //! - [`endpoint`]: [`Endpoint`]: a scripted local order service (the HTTP
 //!   action's expire endpoint) and payment gateway (the check), recording
 //!   every request.
+//! - [`subscriber`]: [`Subscriber`]: an event-driven order service for the
+//!   event action, cancelling on `order.expired`.
 //!
 //! To run a test against another broker, build its world with
 //! `World::builder().amqp_port(5673)`, or set `ORDER_EXPIRY_TEST_AMQP_PORT`
@@ -33,19 +35,21 @@ pub mod procfs;
 pub mod proxy;
 pub mod served;
 pub mod services;
+pub mod subscriber;
 pub mod tls_front;
 pub mod world;
 
 pub use self::broker::{BrokerVersion, announced_version, broker_version};
 pub use self::child::{Child, Launch, settings_env};
 pub use self::consumer::RunningConsumer;
-pub use self::endpoint::{Endpoint, Reply, Request};
+pub use self::endpoint::{Endpoint, Expiry, Reply, Request, expire_order};
 pub use self::proxy::Proxy;
 pub use self::served::{ReadyWatch, Served, http_get, metric_value};
 pub use self::services::{
-    amqp_port, amqp_url, amqp_url_on, at_ms, blue_amqp_port, database, database_url, free_port,
-    rabbitmqctl, vhost, with_search_path,
+    MovableClock, amqp_port, amqp_url, amqp_url_on, at_ms, blue_amqp_port, database, database_url,
+    free_port, rabbitmqctl, skewed_clock, vhost, with_search_path,
 };
+pub use self::subscriber::{Received, Subscriber};
 pub use self::tls_front::TlsFront;
 pub use self::world::{OrderRow, TEST_LEVELS, World, WorldBuilder};
 

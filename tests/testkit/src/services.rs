@@ -151,3 +151,65 @@ pub(crate) async fn ensure_test_vhost_and_database() {
     })
     .await;
 }
+
+/// libfaketime's multithreaded library (Debian's `faketime` package, which
+/// `scripts/test` installs).
+const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
+/// Environment that runs a child with its wall clock `skew_s` seconds ahead
+/// (negative: behind) of this host's, through libfaketime. The monotonic
+/// clock is left alone: only what the child reads as the time of day moves.
+/// Panics when libfaketime is not installed.
+pub fn skewed_clock(skew_s: i64) -> Vec<(&'static str, String)> {
+    faketime(vec![("FAKETIME", format!("{skew_s:+}s"))])
+}
+
+/// A wall clock for a child that a test can move while the child runs
+/// (libfaketime reading its offset from a file, re-read every second).
+#[derive(Debug)]
+pub struct MovableClock {
+    file: std::path::PathBuf,
+}
+
+impl MovableClock {
+    /// A clock `skew_s` seconds off this host's, in a file named after `name`.
+    pub fn new(name: &str, skew_s: i64) -> Self {
+        let file = std::env::temp_dir().join(format!("order-expiry-faketime-{name}"));
+        let clock = Self { file };
+        clock.set(skew_s);
+        clock
+    }
+
+    /// The child's environment (see [`skewed_clock`]).
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        faketime(vec![
+            ("FAKETIME_TIMESTAMP_FILE", self.file.display().to_string()),
+            ("FAKETIME_CACHE_DURATION", "1".to_owned()),
+        ])
+    }
+
+    /// Moves the child's clock to `skew_s` seconds off this host's; it reads
+    /// the change within a second.
+    pub fn set(&self, skew_s: i64) {
+        std::fs::write(&self.file, format!("{skew_s:+}s\n")).expect("the faketime file");
+    }
+}
+
+impl Drop for MovableClock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.file);
+    }
+}
+
+fn faketime(mut vars: Vec<(&'static str, String)>) -> Vec<(&'static str, String)> {
+    assert!(
+        std::path::Path::new(FAKETIME_LIB).exists(),
+        "{FAKETIME_LIB} is missing: apt-get install faketime"
+    );
+    vars.extend([
+        ("LD_PRELOAD", FAKETIME_LIB.to_owned()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_owned()),
+        ("FAKETIME_DONT_RESET", "1".to_owned()),
+    ]);
+    vars
+}

@@ -1,7 +1,9 @@
 //! An event-driven order service for the event action (`action.kind = amqp`):
 //! it subscribes to `order.expired` on an exchange of its own and cancels each
-//! order in its own table with the contract's atomic statement and deadline
-//! rule, then acks, as a real subscriber would. Its queue is a durable quorum
+//! order in its own table with the contract's atomic statement, deadline rule
+//! and clock rule (an event that comes before its `due_at` by the
+//! subscriber's own clock, the database's `now()`, is held unacked until
+//! then), then acks, as a real subscriber would. Its queue is a durable quorum
 //! queue, so events confirmed before a broker restart survive it, and it
 //! reconnects on its own (every 200 ms) while the broker is away. A lost or
 //! unrouted event leaves its order unpaid, and the test's audit fails.
@@ -12,8 +14,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions,
-    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ExchangeKind};
@@ -22,7 +24,8 @@ use secrecy::ExposeSecret;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::World;
+use crate::World;
+use crate::endpoint::{Expiry, expire_order};
 
 /// What the subscriber did.
 #[derive(Debug, Default, Clone, Copy)]
@@ -34,9 +37,13 @@ pub struct Received {
     pub cancelled: u64,
     /// Times it connected again after losing the broker.
     pub reconnects: u64,
+    /// Times an event came before its `due_at` by this service's clock and
+    /// was held until then.
+    pub held: u64,
 }
 
 /// The running subscriber; [`Subscriber::stop`] ends it.
+#[derive(Debug)]
 pub struct Subscriber {
     /// The exchange the event action publishes to (`action.amqp.exchange`).
     pub exchange: String,
@@ -148,13 +155,14 @@ struct Lost {
     connected: bool,
 }
 
-/// One session: connect, consume, and for each event cancel, then ack. Ends
-/// with `Ok` when stopped, and on any broker or database error (an unacked
-/// event comes back with the next session).
+/// One session: connect, consume, and for each event, in a task of its own
+/// (an event held until due holds no other), cancel, then ack. Ends with `Ok`
+/// when stopped, and on any broker error; an event whose statement failed is
+/// returned to the queue (an unacked event comes back with the next session).
 async fn consume(
     url: &str,
     queue: &str,
-    store: &PgOrderStore,
+    store: &Arc<PgOrderStore>,
     stop: &CancellationToken,
     received: &mut Received,
     connected_before: bool,
@@ -181,37 +189,81 @@ async fn consume(
         )
         .await
         .map_err(lost)?;
-    loop {
+    let mut handling = tokio::task::JoinSet::new();
+    let ended = loop {
         let delivery = tokio::select! {
-            () = stop.cancelled() => {
-                let _ = connection.close(200, "done".into()).await;
-                return Ok(());
+            () = stop.cancelled() => break Ok(()),
+            Some(done) = handling.join_next(), if !handling.is_empty() => {
+                add(received, done.unwrap_or_default());
+                continue;
             }
             next = deliveries.next() => match next {
                 Some(Ok(delivery)) => delivery,
-                Some(Err(_)) | None => return Err(Lost { connected: true }),
+                Some(Err(_)) | None => break Err(Lost { connected: true }),
             },
         };
-        let (order_id, due_at) = event(&delivery.data);
-        let client = store.client().await.map_err(|_| Lost { connected: true })?;
-        let cancelled = client
-            .query_opt(
-                "UPDATE orders SET status = 'cancelled', cancelled_at = now() \
-                 WHERE id = $1 AND status = 'unpaid' \
-                 AND (pay_deadline IS NULL OR pay_deadline <= $2) RETURNING id",
-                &[&order_id, &due_at],
-            )
-            .await
-            .map_err(|_| Lost { connected: true })?;
-        // Counted when it commits: an ack lost with the broker brings the
-        // event back, and the second time it cancels nothing.
-        received.cancelled += u64::from(cancelled.is_some());
-        delivery
-            .acker
-            .ack(BasicAckOptions::default())
-            .await
-            .map_err(lost)?;
-        received.events += 1;
+        let (store, stop) = (Arc::clone(store), stop.clone());
+        handling.spawn(async move {
+            let (order_id, due_at) = event(&delivery.data);
+            let mut done = Received::default();
+            match expire(&store, &order_id, due_at, &stop, &mut done).await {
+                Some(cancelled) => {
+                    if delivery.acker.ack(BasicAckOptions::default()).await.is_ok() {
+                        // Counted once acked: an ack lost with the broker
+                        // brings the event back, and the second time it
+                        // cancels nothing.
+                        done.events += 1;
+                        done.cancelled += u64::from(cancelled);
+                    }
+                }
+                None => {
+                    let requeue = BasicNackOptions {
+                        requeue: true,
+                        ..Default::default()
+                    };
+                    let _ = delivery.acker.nack(requeue).await;
+                }
+            }
+            done
+        });
+    };
+    // In-flight events finish (a held one wakes at stop) before the close.
+    while let Some(done) = handling.join_next().await {
+        add(received, done.unwrap_or_default());
+    }
+    let _ = connection.close(200, "done".into()).await;
+    ended
+}
+
+fn add(total: &mut Received, one: Received) {
+    total.events += one.events;
+    total.cancelled += one.cancelled;
+    total.held += one.held;
+}
+
+/// Expires the order of one event by this service's clock ([`expire_order`]);
+/// an event that comes early waits until its `due_at`. `Some(cancelled)`
+/// once decided, `None` when the database failed or the subscriber stopped
+/// first.
+async fn expire(
+    store: &PgOrderStore,
+    order_id: &str,
+    due_at: DateTime<Utc>,
+    stop: &CancellationToken,
+    done: &mut Received,
+) -> Option<bool> {
+    loop {
+        match expire_order(store, order_id, due_at).await.ok()? {
+            Expiry::Cancelled => return Some(true),
+            Expiry::NotUnpaid | Expiry::Unknown => return Some(false),
+            Expiry::Early(due_in) => {
+                done.held += 1;
+                tokio::select! {
+                    () = stop.cancelled() => return None,
+                    () = tokio::time::sleep(due_in) => {}
+                }
+            }
+        }
     }
 }
 
