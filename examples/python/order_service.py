@@ -7,6 +7,11 @@ still unpaid at its deadline. No RabbitMQ client is needed here.
     python order_service.py create ORDER_ID SECONDS [--rollback]
     python order_service.py extend ORDER_ID SECONDS
     python order_service.py pay ORDER_ID
+    python order_service.py expire ORDER_ID DUE_AT
+
+`expire` is what an order service's expire endpoint does for order-expiry's
+HTTP action (`POST /orders/{id}/expire` with `{"order_id", "due_at"}`): it
+prints the HTTP status the endpoint answers with.
 
 The database URL comes from --database-url, else ORDER_EXPIRY__DATABASE__URL
 (the same variable order-expiry reads), else the local default. Each command
@@ -18,7 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import psycopg
 
@@ -73,6 +78,30 @@ def pay(conn: psycopg.Connection, order_id: str) -> dict:
         return {"order_id": order_id, "paid": paid == 1}
 
 
+def expire(conn: psycopg.Connection, order_id: str, due_at: datetime) -> dict:
+    """The expire endpoint of order-expiry's HTTP action, by this database's
+    clock. One transaction, so one reading of the clock (now()) decides: 404
+    unknown, 409 paid or cancelled or extended past due_at, 425 Too Early (with
+    the time left) while due_at is still ahead, else cancelled: 200."""
+    with conn.transaction():
+        row = conn.execute(
+            "SELECT status = 'unpaid', pay_deadline > %(due)s, %(due)s > now(), "
+            "ceil(extract(epoch FROM %(due)s - now()) * 1000)::bigint "
+            "FROM orders WHERE id = %(id)s FOR UPDATE",
+            {"id": order_id, "due": due_at},
+        ).fetchone()
+        if row is None:
+            return {"order_id": order_id, "status": 404}
+        unpaid, extended, early, due_in_ms = row
+        if not unpaid or extended:
+            return {"order_id": order_id, "status": 409}
+        if early:
+            # The body serve reads; Retry-After would say ceil(due_in_ms / 1000).
+            return {"order_id": order_id, "status": 425, "due_in_ms": due_in_ms}
+        conn.execute("UPDATE orders SET status = 'cancelled', cancelled_at = now() WHERE id = %s", (order_id,))
+        return {"order_id": order_id, "status": 200}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--database-url", default=os.environ.get("ORDER_EXPIRY__DATABASE__URL", DEFAULT_URL))
@@ -86,6 +115,9 @@ def main() -> None:
     extend.add_argument("seconds", type=float, help="new payment window, from now")
     paid = commands.add_parser("pay", help="mark an order paid")
     paid.add_argument("order_id")
+    expired = commands.add_parser("expire", help="what the expire endpoint answers, and does")
+    expired.add_argument("order_id")
+    expired.add_argument("due_at", type=datetime.fromisoformat, help="RFC 3339, from the request")
     args = parser.parse_args()
 
     with psycopg.connect(args.database_url, autocommit=True) as conn:
@@ -93,6 +125,8 @@ def main() -> None:
             result = create_order(conn, args.order_id, timedelta(seconds=args.seconds), args.rollback)
         elif args.command == "extend":
             result = extend_deadline(conn, args.order_id, timedelta(seconds=args.seconds))
+        elif args.command == "expire":
+            result = expire(conn, args.order_id, args.due_at)
         else:
             result = pay(conn, args.order_id)
     print(json.dumps(result))

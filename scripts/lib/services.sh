@@ -269,6 +269,8 @@ ensure_rabbitmq_healthy() {
 ensure_tools() {
   # The TLS tests generate their CA and certificates with the openssl CLI.
   command -v openssl >/dev/null || apt_install openssl
+  # The clock tests run serve with its clock moved by libfaketime.
+  [[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ]] || apt_install faketime
 }
 
 ensure_services() {

@@ -23,7 +23,8 @@ pub use self::admin::{OpsError, QueueState};
 pub use self::migrate::{LadderMigration, MigrationRefused, MigrationReport};
 pub use self::parked::{Parked, ParkedMessage, ReplayReport, ReplaySelection};
 pub use self::status::{
-    DueStatus, LevelStatus, OrdersStatus, OutboxStatus, ParkedStatus, STATUS_VERSION, Status,
+    ClockStatus, DueStatus, LevelStatus, OrdersStatus, OutboxStatus, ParkedStatus, STATUS_VERSION,
+    Status,
 };
 
 use chrono::{DateTime, Utc};

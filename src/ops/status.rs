@@ -10,13 +10,14 @@
 use std::fmt;
 use std::time::Duration;
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
 use lapin::options::BasicGetOptions;
 use serde::Serialize;
 
 use super::admin::{Admin, OpsError};
 use crate::amqp;
 use crate::service::PgOrderStore;
+use crate::service::clock::{OffsetEstimate, reading_bounds};
 use crate::settings::{ActionKind, Settings};
 use crate::topology::Ladder;
 
@@ -46,6 +47,9 @@ pub struct Status {
     pub outbox: Option<OutboxStatus>,
     /// Unpaid orders past their deadline.
     pub orders: OrdersStatus,
+    /// This host's clock against the database's; `None` when nothing here
+    /// uses the database (another action kind, no outbox).
+    pub clock: Option<ClockStatus>,
     /// What is wrong, one sentence each; empty when healthy.
     pub problems: Vec<String>,
     /// No problems: `status` exits 0.
@@ -120,6 +124,23 @@ pub struct OrdersStatus {
     pub error: Option<String>,
 }
 
+/// This host's clock against the order database's, the clock "never early"
+/// is judged by. `serve` measures and corrects its own offset (the gauge
+/// `order_expiry_clock_offset_seconds`); this is the offset of the host that
+/// ran `status`, a hint that the hosts' clocks drift.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClockStatus {
+    /// The database's clock minus this host's, in ms (positive: this host is
+    /// behind).
+    pub offset_ms: Option<f64>,
+    /// The offset is within this of `offset_ms` (half the best round trip).
+    pub error_ms: Option<f64>,
+    /// `clock.warn_offset_ms`: an offset beyond it is flagged.
+    pub warn_offset_ms: u64,
+    /// Why the numbers are missing (database down).
+    pub error: Option<String>,
+}
+
 impl Status {
     /// Looks at the broker and the database of `settings`. Overdue orders more
     /// than `margin` past their deadline make it unhealthy. Fails only when the
@@ -135,6 +156,11 @@ impl Status {
             false => None,
         };
         let orders = orders_part(settings, margin).await;
+        let uses_database = settings.action.kind == ActionKind::Sql || settings.outbox.enabled;
+        let clock = match uses_database {
+            true => Some(clock_part(settings).await),
+            false => None,
+        };
         let mut status = Self {
             v: STATUS_VERSION,
             checked_at: Utc::now(),
@@ -148,6 +174,7 @@ impl Status {
             parked,
             outbox,
             orders,
+            clock,
             problems: Vec::new(),
             healthy: true,
         };
@@ -255,6 +282,43 @@ async fn oldest_parked_at(admin: &Admin, queue: &str) -> Result<Option<DateTime<
     )
     .await;
     Ok(head?.and_then(|m| super::parked_at(&m.delivery.properties)))
+}
+
+/// Three timed readings of the database's clock; the best one's offset.
+async fn clock_part(settings: &Settings) -> ClockStatus {
+    let warn_offset_ms = u64::try_from(settings.clock.warn_offset.as_millis()).unwrap_or(u64::MAX);
+    let read = async {
+        let store = PgOrderStore::new(settings).map_err(|e| e.to_string())?;
+        let mut estimate = OffsetEstimate::new(Duration::from_secs(60));
+        let mut found = None;
+        for _ in 0..3 {
+            let (reference, sent, round_trip) =
+                store.read_clock().await.map_err(|e| e.to_string())?;
+            let (lo, hi) = reading_bounds(reference, sent, round_trip, TimeDelta::zero());
+            found = Some(estimate.observe(std::time::Instant::now(), lo, hi));
+        }
+        found.ok_or_else(|| "no reading".to_owned())
+    };
+    let timeout = settings.database.query_timeout;
+    let read = match tokio::time::timeout(timeout, read).await {
+        Ok(read) => read,
+        Err(_) => Err(format!("no answer from the database within {timeout:?}")),
+    };
+    let ms = |d: TimeDelta| d.num_microseconds().unwrap_or(0) as f64 / 1e3;
+    match read {
+        Ok(offset) => ClockStatus {
+            offset_ms: Some(ms(offset.offset)),
+            error_ms: Some(ms(offset.error)),
+            warn_offset_ms,
+            error: None,
+        },
+        Err(error) => ClockStatus {
+            offset_ms: None,
+            error_ms: None,
+            warn_offset_ms,
+            error: Some(error),
+        },
+    }
 }
 
 async fn outbox_part(settings: &Settings) -> OutboxStatus {
@@ -427,6 +491,35 @@ impl fmt::Display for Status {
                     .most_overdue_ms
                     .map(|ms| format!("; most overdue by {}", human_ms(ms)))
                     .unwrap_or_default()
+            )?,
+        }
+        match &self.clock {
+            None => {}
+            Some(ClockStatus {
+                offset_ms: Some(offset),
+                error_ms,
+                warn_offset_ms,
+                ..
+            }) => {
+                let side = if *offset > 0.0 { "behind" } else { "ahead of" };
+                let flag = match offset.abs() > *warn_offset_ms as f64 {
+                    true => format!(
+                        " (more than clock.warn_offset_ms, {warn_offset_ms} ms: check this host's \
+                         time sync, and serve's order_expiry_clock_offset_seconds)"
+                    ),
+                    false => String::new(),
+                };
+                writeln!(
+                    f,
+                    "clock    this host is {:.1} ms {side} the database (±{:.1} ms){flag}",
+                    offset.abs(),
+                    error_ms.unwrap_or(0.0)
+                )?
+            }
+            Some(ClockStatus { error, .. }) => writeln!(
+                f,
+                "clock    unknown: {}",
+                error.as_deref().unwrap_or("no reading")
             )?,
         }
         match self.problems.is_empty() {

@@ -32,6 +32,7 @@ use super::group::{Bundle, Limits, Waiter, Waiting};
 use super::message::ExpiryMessage;
 use super::order_id::OrderId;
 use crate::amqp::{self, BrokerError, ConfirmLink, Confirmed, Confirming, Confirms, TlsFiles};
+use crate::clock::Clock;
 use crate::settings::{Settings, redact_url};
 use crate::telemetry::SCHEDULE_TOTAL;
 use crate::topology::{DelayTooLong, Ladder, Route};
@@ -83,6 +84,9 @@ pub struct Scheduler {
     waiting: Mutex<Waiting>,
     /// Source of waiter ids.
     next_waiter: AtomicU64,
+    /// The clock delays are measured by: this host's, or (the outbox relay)
+    /// this host's corrected to the database's, whose `due_at`s it relays.
+    clock: Clock,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -131,7 +135,16 @@ impl Scheduler {
             },
             waiting: Mutex::new(Waiting::default()),
             next_waiter: AtomicU64::new(0),
+            clock: Clock::local(),
         }
+    }
+
+    /// Measures delays by `clock` instead of this host's own: the outbox
+    /// relay's `due_at`s are the database's.
+    #[cfg(feature = "service")]
+    pub(crate) fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Bounds connecting and each confirm (`amqp.timeout_ms`).
@@ -426,9 +439,12 @@ impl Scheduler {
     /// opened, before anything was taken.
     async fn carry_next_bundle(&self) -> Result<(), ScheduleError> {
         let (channel, link_id) = self.link.channel().await?;
-        let taken =
-            self.waiting()
-                .take_bundle(&self.ladder, self.bundle_lead, self.bundles, Utc::now());
+        let taken = self.waiting().take_bundle(
+            &self.ladder,
+            self.bundle_lead,
+            self.bundles,
+            self.clock.now(),
+        );
         let Some(bundle) = taken else { return Ok(()) };
         self.carrying.fetch_add(1, Ordering::AcqRel);
         let _carried = Carried(self);
@@ -441,7 +457,8 @@ impl Scheduler {
         if bundle.members.len() == 1 {
             // Alone after all: a v1 message, as at low load.
             for (waiter, _) in bundle.members {
-                let result = self.publish_on(channel, link_id, waiter.message.clone(), Utc::now());
+                let result =
+                    self.publish_on(channel, link_id, waiter.message.clone(), self.clock.now());
                 let _ = waiter.reply.send(result.await);
             }
             return;
@@ -449,7 +466,7 @@ impl Scheduler {
         let message_id = uuid::Uuid::new_v4().to_string();
         let orders = bundle.members.len();
         let body = encode_bundle(bundle.members.iter().map(|(_, e)| e.as_slice()));
-        let outgoing = Outgoing::with_body(bundle.route, body, &message_id, Utc::now());
+        let outgoing = Outgoing::with_body(bundle.route, body, &message_id, self.clock.now());
         let answer = self.confirm(channel, link_id, &outgoing).await;
         for (waiter, _) in bundle.members {
             let result = match &answer {
@@ -469,7 +486,7 @@ impl Scheduler {
     /// Publishes one order alone (v1), on a slot the caller holds.
     async fn publish_alone(&self, message: ExpiryMessage) -> Result<Scheduled, ScheduleError> {
         let (channel, link_id) = self.link.channel().await?;
-        self.publish_on(&channel, link_id, message, Utc::now())
+        self.publish_on(&channel, link_id, message, self.clock.now())
             .await
     }
 

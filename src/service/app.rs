@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::action::{BuildError, ConfiguredAction};
+use super::clock::ClockWatch;
 use super::consumer::{Consumer, ConsumerError};
 use super::http::{self, DbCheck, Readiness};
 use super::orders::{OrderStore, PgOrderStore, StoreError};
@@ -19,6 +20,9 @@ use super::overdue::OverdueWatch;
 use super::sweeper::Sweeper;
 use crate::settings::{InvalidSetting, Settings};
 use crate::telemetry::metrics_handle;
+
+/// How long start-up waits for the first reading of the database's clock.
+const FIRST_PROBE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The service could not be built.
 #[derive(Debug, Error)]
@@ -56,6 +60,10 @@ pub struct Service {
     sweeper: Option<Sweeper<PgOrderStore>>,
     overdue: Option<OverdueWatch<PgOrderStore>>,
     relay: Option<Relay>,
+    /// Measure this host's offset from the reference clocks: the database's,
+    /// when anything uses it (the SQL action, the outbox relay); the order
+    /// service's, with the HTTP action.
+    clocks: Vec<ClockWatch>,
     listener: TcpListener,
     router: axum::Router,
     readiness: Arc<Readiness>,
@@ -92,6 +100,23 @@ impl Service {
             true => Some(Relay::new(settings, Arc::clone(&readiness))?),
             false => None,
         };
+        // The database's clock judges the SQL action's due times and the
+        // outbox's delays: measured on the store when there is one, else on a
+        // pool of its own (connections open on demand).
+        let clock_store = match (&store, &relay) {
+            (Some(store), _) => Some(Arc::clone(store)),
+            (None, Some(_)) => Some(Arc::new(PgOrderStore::new(settings)?)),
+            (None, None) => None,
+        };
+        let database_clock = clock_store.map(|store| ClockWatch::database(store, &settings.clock));
+        let relay = match (relay, &database_clock) {
+            (Some(relay), Some(clock)) => Some(relay.with_clock(clock.clock())),
+            (relay, _) => relay,
+        };
+        let mut clocks: Vec<ClockWatch> = database_clock.into_iter().collect();
+        if let ConfiguredAction::Http(http) = action.as_ref() {
+            clocks.push(ClockWatch::order_service(http.clone(), &settings.clock));
+        }
         let listener = TcpListener::bind(&settings.http.listen)
             .await
             .map_err(|source| ServiceError::Listen {
@@ -118,6 +143,7 @@ impl Service {
             sweeper,
             overdue,
             relay,
+            clocks,
             listener,
             router,
             readiness,
@@ -149,6 +175,15 @@ impl Service {
         let http_stop = CancellationToken::new();
         let http = tokio::spawn(http::serve(self.listener, self.router, http_stop.clone()));
         let sweep_stop = shutdown.child_token();
+        // The offsets from the reference clocks before the first delivery: a
+        // reference that does not answer soon is left to the next probe
+        // (until then the cancel statement's own now() rule, or the order
+        // service's 425, keeps every cancel from being early).
+        let mut clocks = Vec::with_capacity(self.clocks.len());
+        for mut clock in self.clocks {
+            let _ = tokio::time::timeout(FIRST_PROBE, clock.probe()).await;
+            clocks.push(tokio::spawn(clock.run(sweep_stop.clone())));
+        }
         let sweeper = self
             .sweeper
             .map(|s| tokio::spawn(s.run(sweep_stop.clone())));
@@ -166,6 +201,9 @@ impl Service {
         }
         if let Some(relay) = relay {
             let _ = relay.await;
+        }
+        for clock in clocks {
+            let _ = clock.await;
         }
         http_stop.cancel();
         if let Ok(Err(e)) = http.await {

@@ -9,6 +9,8 @@
 //! - `overdue`: the gauge of unpaid orders past their deadline by more than a margin.
 //! - `outbox`: the transactional outbox relay: `order_expiry_outbox` to the ladder.
 //! - `http`: `/healthz`, `/readyz`, `/metrics`.
+//! - `clock`: this host's offset from the reference clock (the order database's,
+//!   the order service's), measured; [`Clock`], corrected by it.
 //! - `backoff`: exponential backoff for reconnects and retries.
 //! - `shutdown`: SIGTERM / Ctrl-C → cancellation token.
 
@@ -23,6 +25,7 @@ const SWEEPER: &str = "order_expiry::sweeper";
 mod action;
 mod app;
 mod backoff;
+pub(crate) mod clock;
 mod consumer;
 mod http;
 mod orders;
@@ -44,3 +47,4 @@ pub use self::orders::{Disposition, FailureClass, OrderStore, PgOrderStore, Stor
 pub use self::outbox::{Relay, RelayError, Relayed, Round};
 pub use self::shutdown::shutdown_on_signal;
 pub use self::sweeper::Sweeper;
+pub use crate::clock::Clock;

@@ -55,6 +55,8 @@ pub struct Settings {
     pub overdue: OverdueSettings,
     /// The transactional outbox relay (`order_expiry_outbox` to the ladder).
     pub outbox: OutboxSettings,
+    /// The reference clock: how often its offset is measured, when it is worth a warning.
+    pub clock: ClockSettings,
     /// Health and metrics endpoint.
     pub http: HttpSettings,
     /// Logging.
@@ -287,6 +289,18 @@ pub struct HttpSettings {
     /// How long `/readyz` waits for the database to answer (`ready_timeout_ms`).
     #[serde(rename = "ready_timeout_ms", with = "millis")]
     pub ready_timeout: Duration,
+}
+
+/// The reference clock "never early" is judged by: the order database's
+/// (the SQL action, the outbox relay) or the order service's (the HTTP action).
+#[derive(Debug, Clone, Deserialize)]
+pub struct ClockSettings {
+    /// How often `serve` measures its offset from the database (`probe_interval_ms`).
+    #[serde(rename = "probe_interval_ms", with = "millis")]
+    pub probe_interval: Duration,
+    /// An offset larger than this is logged as a warning (`warn_offset_ms`).
+    #[serde(rename = "warn_offset_ms", with = "millis")]
+    pub warn_offset: Duration,
 }
 
 /// Log output.

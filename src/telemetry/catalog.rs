@@ -88,6 +88,22 @@ pub(crate) const HELD_TOTAL: Metric = metric(
     Kind::Counter,
     "Messages that arrived before due_at and were held unacked until then.",
 );
+pub(crate) const NOT_DUE_TOTAL: Metric = Metric {
+    labels: &["clock"],
+    ..metric(
+        "order_expiry_not_due_total",
+        Kind::Counter,
+        "Orders the reference clock said were not due yet when serve's corrected clock said they were (the database's now(), or an order service's 425), held and tried again; by clock: database, http.",
+    )
+};
+pub(crate) const CLOCK_OFFSET_SECONDS: Metric = Metric {
+    labels: &["clock"],
+    ..metric(
+        "order_expiry_clock_offset_seconds",
+        Kind::Gauge,
+        "The reference clock minus this host's clock, as last measured (positive: this host is behind); by clock: database (timed SELECT clock_timestamp()), http (the order service's answers). serve holds and releases orders by its clock plus this.",
+    )
+};
 pub(crate) const PARKED_TOTAL: Metric = metric(
     "order_expiry_parked_total",
     Kind::Counter,
@@ -176,6 +192,8 @@ pub(crate) const CATALOG: &[Metric] = &[
     BATCH_SECONDS,
     EARLY_TOTAL,
     HELD_TOTAL,
+    NOT_DUE_TOTAL,
+    CLOCK_OFFSET_SECONDS,
     PARKED_TOTAL,
     RETRIES_TOTAL,
     RECONNECTS_TOTAL,

@@ -9,6 +9,7 @@ mod broker_versions;
 mod bundles;
 mod check;
 mod cli;
+mod clock;
 mod definitions;
 mod delivery;
 mod demo;

@@ -106,6 +106,35 @@ async fn order_service(env: &World, args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&output.stdout).expect("one JSON line")
 }
 
+/// The Python example's expire endpoint keeps the contract's clock rule: 425
+/// with the time left while `due_at` is ahead of its database's clock, then
+/// 200 once, then 409.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_order_service_refuses_an_expire_before_due() {
+    let env = World::new().await;
+    let due_at = order_expiry_testkit::at_ms(2_000);
+    env.create_orders(&[("py-early".to_owned(), due_at)]).await;
+    let due = due_at.to_rfc3339();
+    let early = order_service(&env, &["expire", "py-early", &due]).await;
+    assert_eq!(early["status"], 425, "{early}");
+    let left = early["due_in_ms"].as_i64().expect("due_in_ms");
+    assert!((1..=2_000).contains(&left), "{early}");
+    assert_eq!(env.order("py-early").await.0, "unpaid");
+    tokio::time::sleep(Duration::from_millis(left as u64)).await;
+    let cancelled = order_service(&env, &["expire", "py-early", &due]).await;
+    assert_eq!(cancelled["status"], 200, "{cancelled}");
+    let (_, deadline, cancelled_at) = env.order("py-early").await;
+    assert!(
+        cancelled_at.expect("cancelled") >= deadline,
+        "cancelled early"
+    );
+    let again = order_service(&env, &["expire", "py-early", &due]).await;
+    assert_eq!(again["status"], 409, "{again}");
+    let unknown = order_service(&env, &["expire", "py-none", &due]).await;
+    assert_eq!(unknown["status"], 404, "{unknown}");
+    env.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_order_service_schedules_through_the_outbox() {
     let env = World::new().await;

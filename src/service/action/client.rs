@@ -5,10 +5,11 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
-use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
+use reqwest::header::{AUTHORIZATION, DATE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use secrecy::{ExposeSecret, SecretString};
 use tokio::sync::Semaphore;
 
@@ -24,6 +25,20 @@ const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
 /// An order id as one path segment: `a/b c` is `a%2Fb%20c`.
 pub(super) fn segment(order_id: &str) -> String {
     utf8_percent_encode(order_id, SEGMENT).to_string()
+}
+
+/// What came back from one request, besides its [`Answer`]: when it went and
+/// how long it took by this host's clocks, and the headers that tell time.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Exchange {
+    /// This host's wall-clock time (uncorrected) when the request was sent.
+    pub(super) sent: DateTime<Utc>,
+    /// From sending to the response's headers.
+    pub(super) round_trip: Duration,
+    /// The response's `Date` header (whole seconds, the server's clock).
+    pub(super) date: Option<DateTime<Utc>>,
+    /// The response's `Retry-After`, as a delay.
+    pub(super) retry_after: Option<Duration>,
 }
 
 /// What came back from one request.
@@ -113,15 +128,33 @@ impl Client {
         &self,
         request: impl FnOnce(&reqwest::Client) -> reqwest::RequestBuilder,
     ) -> Answer {
+        self.send_timed(request).await.0
+    }
+
+    /// [`Client::send`], and when a response came, its [`Exchange`].
+    pub(super) async fn send_timed(
+        &self,
+        request: impl FnOnce(&reqwest::Client) -> reqwest::RequestBuilder,
+    ) -> (Answer, Option<Exchange>) {
         let Ok(_permit) = self.limit.acquire().await else {
-            return Answer::Failed("the client is closed".into());
+            return (Answer::Failed("the client is closed".into()), None);
         };
-        let mut response = match request(&self.http).send().await {
+        let request = request(&self.http);
+        let sent = Utc::now();
+        let started = Instant::now();
+        let mut response = match request.send().await {
             Ok(response) => response,
             Err(e) if e.is_connect() && !e.is_timeout() => {
-                return Answer::Unreachable(describe(&e));
+                return (Answer::Unreachable(describe(&e)), None);
             }
-            Err(e) => return Answer::Failed(describe(&e)),
+            Err(e) => return (Answer::Failed(describe(&e)), None),
+        };
+        let headers = response.headers();
+        let exchange = Exchange {
+            sent,
+            round_trip: started.elapsed(),
+            date: header(headers, DATE).and_then(http_date),
+            retry_after: header(headers, RETRY_AFTER).and_then(|value| retry_after(value, sent)),
         };
         let status = response.status().as_u16();
         let mut body = Vec::new();
@@ -135,13 +168,33 @@ impl Client {
                     }
                 }
                 Ok(None) => break,
-                Err(e) => return Answer::Failed(describe(&e)),
+                Err(e) => return (Answer::Failed(describe(&e)), Some(exchange)),
             }
         }
-        Answer::Response {
+        let answer = Answer::Response {
             status,
             body: String::from_utf8_lossy(&body).into_owned(),
-        }
+        };
+        (answer, Some(exchange))
+    }
+}
+
+fn header(headers: &HeaderMap, name: HeaderName) -> Option<&str> {
+    headers.get(name)?.to_str().ok()
+}
+
+/// An HTTP date (`Fri, 04 Dec 2026 20:18:05 GMT`, RFC 9110's preferred form).
+fn http_date(value: &str) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc2822(value.trim())
+        .ok()
+        .map(|at| at.with_timezone(&Utc))
+}
+
+/// A `Retry-After` (seconds, or an HTTP date, read against `sent`) as a delay.
+fn retry_after(value: &str, sent: DateTime<Utc>) -> Option<Duration> {
+    match value.trim().parse::<u64>() {
+        Ok(seconds) => Some(Duration::from_secs(seconds)),
+        Err(_) => Some((http_date(value)? - sent).to_std().unwrap_or_default()),
     }
 }
 
@@ -187,6 +240,19 @@ mod tests {
         assert_eq!(segment("o-42_x.y~z"), "o-42_x.y~z");
         assert_eq!(segment("a/b c?d#e%"), "a%2Fb%20c%3Fd%23e%25");
         assert_eq!(segment("ü"), "%C3%BC");
+    }
+
+    #[test]
+    fn time_headers_parse_in_both_forms() {
+        let sent: DateTime<Utc> = "2026-12-04T20:18:00Z".parse().unwrap();
+        let date = http_date("Fri, 04 Dec 2026 20:18:05 GMT").unwrap();
+        assert_eq!(date, sent + chrono::TimeDelta::seconds(5));
+        assert_eq!(retry_after("3", sent), Some(Duration::from_secs(3)));
+        assert_eq!(
+            retry_after("Fri, 04 Dec 2026 20:18:05 GMT", sent),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(retry_after("soon", sent), None);
     }
 
     #[test]

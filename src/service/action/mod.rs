@@ -24,7 +24,8 @@ pub use self::check::{CheckAnswer, PaymentCheck};
 pub use self::event::EventAction;
 pub use self::http::HttpAction;
 pub(crate) use self::http::idempotency_key;
-use super::orders::{FailureClass, PgOrderStore, StoreError};
+use super::orders::{FailureClass, OrderStore, PgOrderStore, StoreError};
+use crate::clock::Clock;
 use crate::publisher::ExpiryMessage;
 use crate::settings::{ActionKind, Settings};
 
@@ -53,6 +54,15 @@ pub enum ActionAnswer {
     Retry(String),
     /// It can never go through as it is (a 4xx): parked with this reason.
     Park(String),
+    /// Not due yet by the reference clock (the database's `now()`, or the
+    /// order service's 425 Too Early): held, and tried again after `left`.
+    /// Neither parked nor counted as handled.
+    NotDue {
+        /// The reference clock that said so: `database` or `http`.
+        clock: &'static str,
+        /// How long until it is due, by that clock.
+        left: std::time::Duration,
+    },
 }
 
 /// The action failed for a whole batch; [`ActionError::class`] says what the
@@ -101,6 +111,13 @@ pub trait Action: Send + Sync + 'static {
         &self,
         due: &[Expiring<'_>],
     ) -> impl Future<Output = Result<Vec<ActionAnswer>, ActionError>> + Send;
+
+    /// The clock that says when an order is due: the order database's for
+    /// the SQL action, the order service's for the HTTP action, as measured
+    /// from this host. The consumer holds and releases orders by it.
+    fn clock(&self) -> Clock {
+        Clock::local()
+    }
 }
 
 /// The action `action.kind` selects.
@@ -142,7 +159,9 @@ impl ConfiguredAction {
                 Some(store) => Self::Sql(store),
                 None => Self::Sql(Arc::new(PgOrderStore::new(settings)?)),
             },
-            ActionKind::Http => Self::Http(HttpAction::new(&settings.action.http)?),
+            ActionKind::Http => {
+                Self::Http(HttpAction::new(&settings.action.http, &settings.clock)?)
+            }
             ActionKind::Amqp => Self::Amqp(Box::new(EventAction::new(settings))),
         })
     }
@@ -162,6 +181,16 @@ impl Action for ConfiguredAction {
             Self::Sql(store) => store.as_ref().expire(due).await,
             Self::Http(http) => http.expire(due).await,
             Self::Amqp(event) => event.expire(due).await,
+        }
+    }
+
+    /// The database's for `sql`, the order service's for `http`; this host's
+    /// own for `amqp`, whose subscribers judge `due_at` by their clocks.
+    fn clock(&self) -> Clock {
+        match self {
+            Self::Sql(store) => OrderStore::clock(store.as_ref()),
+            Self::Http(http) => http.clock(),
+            Self::Amqp(_) => Clock::local(),
         }
     }
 }

@@ -2,6 +2,7 @@
 //! statement. A row locked by a payment is retried alone; the rest settles.
 
 use super::{Action, ActionAnswer, ActionError, Expiring};
+use crate::clock::Clock;
 use crate::publisher::ExpiryMessage;
 use crate::service::orders::{Disposition, OrderStore};
 
@@ -10,6 +11,10 @@ impl<S: OrderStore> Action for S {
         let messages: Vec<&ExpiryMessage> = due.iter().map(|e| e.message).collect();
         let dispositions = self.cancel_unpaid(&messages).await?;
         Ok(dispositions.into_iter().map(verdict).collect())
+    }
+
+    fn clock(&self) -> Clock {
+        OrderStore::clock(self)
     }
 }
 
@@ -20,5 +25,9 @@ fn verdict(disposition: Disposition) -> ActionAnswer {
         Disposition::Unknown => ActionAnswer::Unknown,
         Disposition::Extended => ActionAnswer::Extended,
         Disposition::Busy => ActionAnswer::Retry("order locked by another transaction".into()),
+        Disposition::NotDue(left) => ActionAnswer::NotDue {
+            clock: "database",
+            left,
+        },
     }
 }

@@ -14,10 +14,11 @@ use std::collections::{BTreeMap, VecDeque};
 use std::pin::Pin;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use tokio::time::{Instant, Sleep};
 
 use super::work::Pending;
+use crate::clock::Clock;
 
 /// Deliveries (or orders of bundles) not in a batch yet.
 pub(super) struct Backlog {
@@ -28,6 +29,8 @@ pub(super) struct Backlog {
     /// Parts of failed batches, each run as a batch of its own before `ready`,
     /// until the order at fault is alone.
     split: VecDeque<Vec<Pending>>,
+    /// The reference clock holds are kept and released by.
+    clock: Clock,
 }
 
 /// Held orders by when they may be processed, and the timer for the earliest.
@@ -38,8 +41,10 @@ struct Holds {
 }
 
 impl Backlog {
-    pub(super) fn new() -> Self {
+    /// Empty; holds go by `clock`.
+    pub(super) fn new(clock: Clock) -> Self {
         Self {
+            clock,
             held: Holds {
                 by_due: BTreeMap::new(),
                 len: 0,
@@ -58,6 +63,16 @@ impl Backlog {
     /// Early: held until its `process_at` (`due_at`, or a later `not_before`).
     pub(super) fn hold(&mut self, pending: Pending) {
         let at = pending.message.process_at();
+        self.hold_until(pending, at);
+    }
+
+    /// Not due by the reference clock itself yet: held for `left` from now.
+    pub(super) fn hold_for(&mut self, pending: Pending, left: Duration) {
+        let at = self.clock.now() + TimeDelta::from_std(left).unwrap_or(TimeDelta::MAX);
+        self.hold_until(pending, at);
+    }
+
+    fn hold_until(&mut self, pending: Pending, at: DateTime<Utc>) {
         self.held.by_due.entry(at).or_default().push(pending);
         self.held.len += 1;
     }
@@ -74,10 +89,10 @@ impl Backlog {
         let Some(at) = self.held.by_due.keys().next() else {
             return;
         };
-        // The timer has millisecond ticks and rounds up; the wall clock
-        // decides in release_due, so a clock a fraction behind the timer
-        // only means one more short wait, never an early cancel.
-        let left = (*at - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+        // The timer has millisecond ticks and rounds up; the reference
+        // clock decides in release_due, so a clock a fraction behind the
+        // timer only means one more short wait, never an early cancel.
+        let left = (*at - self.clock.now()).to_std().unwrap_or(Duration::ZERO);
         let deadline = Instant::now() + left;
         if self.held.timer.deadline() != deadline {
             self.held.timer.as_mut().reset(deadline);
@@ -88,7 +103,7 @@ impl Backlog {
     /// Every held order whose `process_at` has passed becomes ready, the
     /// earliest first.
     pub(super) fn release_due(&mut self) {
-        let now = Utc::now();
+        let now = self.clock.now();
         while let Some(entry) = self.held.by_due.first_entry() {
             if *entry.key() > now {
                 break;
@@ -164,7 +179,7 @@ mod tests {
 
     #[tokio::test]
     async fn holds_due_together_start_as_one_batch_and_the_others_stay_held() {
-        let mut backlog = Backlog::new();
+        let mut backlog = Backlog::new(Clock::local());
         hold(&mut backlog, "now", 100, Duration::from_millis(5));
         hold(&mut backlog, "later", 10, Duration::from_secs(60));
         tokio::time::sleep(Duration::from_millis(30)).await;
@@ -186,7 +201,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_held_order_is_released_at_its_due_time_never_before() {
-        let mut backlog = Backlog::new();
+        let mut backlog = Backlog::new(Clock::local());
         for (i, ms) in [40u64, 10, 25].into_iter().enumerate() {
             hold(&mut backlog, &format!("o{i}"), 1, Duration::from_millis(ms));
         }
@@ -207,7 +222,7 @@ mod tests {
 
     #[tokio::test]
     async fn nothing_is_released_before_any_hold_is_due() {
-        let mut backlog = Backlog::new();
+        let mut backlog = Backlog::new(Clock::local());
         hold(&mut backlog, "later", 10, Duration::from_secs(60));
         backlog.release_due();
         assert!(backlog.next_batch(200).is_none());

@@ -23,6 +23,9 @@ pub(super) enum Next {
     /// Publish this message through the ladder (confirmed), then ack the
     /// delivery, counted with this outcome.
     Requeue(ExpiryMessage, Outcome),
+    /// Not due yet by the reference clock (named): hold it this long, then
+    /// try again. Neither acked nor retried on a backoff.
+    Hold(&'static str, Duration),
 }
 
 /// After the payment check: apply the action, or something else first.
@@ -95,6 +98,7 @@ pub(super) fn after_action(
         },
         ActionAnswer::Retry(reason) => Next::Retry(reason),
         ActionAnswer::Park(reason) => Next::Park(reason),
+        ActionAnswer::NotDue { clock, left } => Next::Hold(clock, left),
     }
 }
 
@@ -234,6 +238,13 @@ mod tests {
             (ActionAnswer::Extended, Next::Ack(Outcome::Extended)),
             (ActionAnswer::Retry("r".into()), Next::Retry("r".into())),
             (ActionAnswer::Park("p".into()), Next::Park("p".into())),
+            (
+                ActionAnswer::NotDue {
+                    clock: "database",
+                    left: Duration::from_millis(7),
+                },
+                Next::Hold("database", Duration::from_millis(7)),
+            ),
         ] {
             assert_eq!(after_action(verdict, &m, &[], now), next);
         }

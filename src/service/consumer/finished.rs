@@ -2,7 +2,7 @@
 //! deliveries done, and the ack tracker says which acks to send now; a message
 //! the action could not take now (a locked order, a 5xx) is retried alone, one
 //! it never can (a 4xx) parked, one to look at again later sent through the
-//! ladder. A failure of a whole batch is isolated to the order at fault, by
+//! ladder, one the reference clock says is not due yet held again. A failure of a whole batch is isolated to the order at fault, by
 //! what the action error means ([`FailureClass`]):
 //!
 //! - permanent or transient (the database answered with an error): a batch of
@@ -59,6 +59,7 @@ impl<A: Action> Session<'_, A> {
                 retry,
                 park,
                 requeue,
+                hold,
             } => {
                 for (tag, handled) in handled {
                     self.unacked.settle(tag, handled);
@@ -80,6 +81,13 @@ impl<A: Action> Session<'_, A> {
                     self.unacked.mark(pending.tag(), State::Waiting);
                     self.in_flight
                         .start(self.link.outbound().requeue(pending, message, outcome));
+                }
+                // Not due by the reference clock: held for the time it says
+                // is left, at most consumer.max_hold_ms at a time.
+                let max_hold = self.consumer.settings.max_hold;
+                for (pending, left) in hold {
+                    self.unacked.mark(pending.tag(), State::Waiting);
+                    self.backlog.hold_for(pending, left.min(max_hold));
                 }
             }
             Done::Failed(failed) => return Ok(Some(failed)),

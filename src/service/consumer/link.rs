@@ -75,6 +75,7 @@ impl Link {
                 lead: consumer.lead,
                 timeout,
                 observer: consumer.observer.clone(),
+                clock: consumer.clock.clone(),
             },
             timeout,
         })

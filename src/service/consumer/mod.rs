@@ -29,6 +29,12 @@
 //! - [`repair`]: re-declaring the consumer's queues when one was deleted.
 //! - [`drain`]: the end of a session: drain, ack, release, close.
 //!
+//! Every "is it due?" is asked of the action's reference clock ([`Clock`]:
+//! the order database's, the order service's), not of this host's: an order
+//! is held until that clock, as measured from here, passes its `due_at`, and
+//! when the reference itself says "not yet" (the SQL statement's `now()`
+//! rule, an order service's 425), it is held again for the time left.
+//!
 //! A session is one broker connection. [`Consumer::run`] runs sessions until
 //! shutdown, reconnecting with backoff whenever one ends on a broker fault.
 
@@ -62,6 +68,7 @@ use super::CONSUMER;
 use super::action::{Action, BuildError, PaymentCheck};
 use super::backoff::Backoff;
 use super::http::Readiness;
+use crate::clock::Clock;
 use crate::publisher::OrderId;
 use crate::settings::{AmqpSettings, ConsumerSettings, Settings};
 use crate::telemetry::RECONNECTS_TOTAL;
@@ -165,6 +172,8 @@ pub struct Consumer<A> {
     /// `publisher.lead_ms`, for messages the consumer sends through the ladder again.
     lead: Duration,
     work: Arc<Work<A>>,
+    /// The action's reference clock, corrected: holds and releases go by it.
+    clock: Clock,
     readiness: Arc<Readiness>,
     observer: Option<Observer>,
 }
@@ -192,6 +201,7 @@ impl<A: Action> Consumer<A> {
             true => Some((PaymentCheck::new(check)?, check.clone())),
             false => None,
         };
+        let clock = action.clock();
         Ok(Self {
             settings: settings.consumer.clone(),
             amqp: settings.amqp.clone(),
@@ -202,7 +212,9 @@ impl<A: Action> Consumer<A> {
                 action,
                 check,
                 unknown_rechecks: settings.consumer.unknown_rechecks.clone(),
+                clock: clock.clone(),
             }),
+            clock,
             readiness,
             observer: None,
         })

@@ -21,6 +21,7 @@ use super::session::SessionError;
 use super::work::{Done, Failed, Pending, delivery_span, record};
 use super::{Handled, Observer, Outcome};
 use crate::amqp::{self, BrokerError, Confirmed, Confirms};
+use crate::clock::Clock;
 use crate::publisher::{ExpiryMessage, Outgoing};
 use crate::service::CONSUMER;
 use crate::telemetry::{MESSAGES_TOTAL, PARKED_TOTAL};
@@ -84,6 +85,9 @@ pub(super) struct Outbound {
     pub(super) lead: Duration,
     pub(super) timeout: Duration,
     pub(super) observer: Option<Observer>,
+    /// The reference clock: a message's delay through the ladder again is
+    /// measured by it.
+    pub(super) clock: Clock,
 }
 
 impl Outbound {
@@ -179,7 +183,8 @@ impl Outbound {
             Some(id) => id.to_string(),
             None => uuid::Uuid::new_v4().to_string(),
         };
-        let outgoing = Outgoing::new(message, &self.ladder, self.lead, &message_id, Utc::now())?;
+        let now = self.clock.now();
+        let outgoing = Outgoing::new(message, &self.ladder, self.lead, &message_id, now)?;
         let answer = amqp::bounded(
             "publishing into the ladder",
             self.timeout,
@@ -202,7 +207,7 @@ impl Outbound {
                 (None, Outcome::Parked, None)
             }
             Republish::Requeue(message, outcome) => {
-                record(message, *outcome, Utc::now());
+                record(message, *outcome, self.clock.now());
                 tracing::Span::current().record("outcome", outcome.label());
                 info!(target: CONSUMER, not_before = ?message.not_before,
                     check_step = message.check_step, unknown_rechecks = message.unknown_rechecks,

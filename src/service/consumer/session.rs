@@ -107,7 +107,7 @@ impl<'a, A: Action> Session<'a, A> {
             consumer,
             link,
             unacked: Unacked::default(),
-            backlog: Backlog::new(),
+            backlog: Backlog::new(consumer.clock.clone()),
             in_flight: InFlight::new(),
             retries: Retries::new(settings.retry_initial, settings.retry_max),
             outage: Outage::new(settings.retry_initial, settings.retry_max),
@@ -196,7 +196,7 @@ impl<'a, A: Action> Session<'a, A> {
             .as_ref()
             .map(|c| c.to_string());
         let settings = &self.consumer.settings;
-        let now = Utc::now();
+        let now = self.consumer.clock.now();
         let delivery = Arc::new(delivery);
         match on_arrival(&delivery.data, content_type.as_deref(), now, settings) {
             Arrival::Bundle(parts) => {

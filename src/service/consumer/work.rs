@@ -22,12 +22,13 @@ use super::decide::{AfterCheck, Next, after_action, after_check};
 use super::outbound::{Original, OutboundError};
 use super::session::SessionError;
 use super::{Handled, Outcome};
+use crate::clock::Clock;
 use crate::publisher::ExpiryMessage;
 use crate::service::CONSUMER;
 use crate::service::action::{Action, ActionError, Expiring, PaymentCheck};
 use crate::settings::CheckSettings;
 use crate::telemetry::{
-    BATCH_ORDERS, BATCH_SECONDS, EARLY_TOTAL, LATENESS_SECONDS, MESSAGES_TOTAL,
+    BATCH_ORDERS, BATCH_SECONDS, EARLY_TOTAL, LATENESS_SECONDS, MESSAGES_TOTAL, NOT_DUE_TOTAL,
 };
 
 /// A decoded delivery (or one order of a bundle) waiting for, or in, a
@@ -87,6 +88,8 @@ pub(super) struct Work<A> {
     pub(super) action: Arc<A>,
     pub(super) check: Option<(PaymentCheck, CheckSettings)>,
     pub(super) unknown_rechecks: Vec<Duration>,
+    /// The action's reference clock: the time of every decision.
+    pub(super) clock: Clock,
 }
 
 /// Batches, parks and re-queues running now, concurrently with the delivery loop.
@@ -131,12 +134,14 @@ pub(super) enum Done {
     PartMovedOut { tag: u64, handled: Option<Handled> },
     /// A batch went through: `handled` may be acked, each with what the
     /// observer is told once it is; the others are retried alone later,
-    /// parked, or sent through the ladder again.
+    /// parked, sent through the ladder again, or held again for the time the
+    /// reference clock says is left.
     Settled {
         handled: Vec<(u64, Option<Handled>)>,
         retry: Vec<(Pending, String)>,
         park: Vec<(Pending, String)>,
         requeue: Vec<(Pending, ExpiryMessage, Outcome)>,
+        hold: Vec<(Pending, Duration)>,
     },
     /// It failed in a way worth retrying after a backoff.
     Failed(Failed),
@@ -180,7 +185,7 @@ pub(super) fn expire_work<A: Action>(
         let mut next: Vec<Option<Next>> = vec![None; batch.len()];
         if let Some((check, settings)) = &work.check {
             let answers = join_all(batch.iter().map(|p| check.ask(&p.message))).await;
-            let now = Utc::now();
+            let now = work.clock.now();
             for ((slot, p), answer) in next.iter_mut().zip(&batch).zip(answers) {
                 if let AfterCheck::Then(then) = after_check(answer, &p.message, settings, now) {
                     *slot = Some(then);
@@ -206,22 +211,27 @@ pub(super) fn expire_work<A: Action>(
                 }
                 Err(error) => return Done::Failed(Failed::Action { batch, error }),
             };
-            let now = Utc::now();
+            let now = work.clock.now();
             for (i, verdict) in act.into_iter().zip(verdicts) {
                 let message = &batch[i].message;
                 next[i] = Some(after_action(verdict, message, &work.unknown_rechecks, now));
             }
         }
-        settle(batch, next, observed)
+        settle(batch, next, observed, work.clock.now())
     }
     .boxed()
 }
 
 /// Sorts a batch by what happens next; counts and logs what is handled.
-fn settle(batch: Vec<Pending>, next: Vec<Option<Next>>, observed: bool) -> Done {
-    let now = Utc::now();
+fn settle(
+    batch: Vec<Pending>,
+    next: Vec<Option<Next>>,
+    observed: bool,
+    now: DateTime<Utc>,
+) -> Done {
     let mut handled = Vec::with_capacity(batch.len());
-    let (mut retry, mut park, mut requeue) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut retry, mut park, mut requeue, mut hold) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (p, next) in batch.into_iter().zip(next) {
         match next {
             Some(Next::Ack(outcome)) => {
@@ -238,6 +248,15 @@ fn settle(batch: Vec<Pending>, next: Vec<Option<Next>>, observed: bool) -> Done 
             Some(Next::Retry(reason)) => retry.push((p, reason)),
             Some(Next::Park(reason)) => park.push((p, reason)),
             Some(Next::Requeue(message, outcome)) => requeue.push((p, message, outcome)),
+            Some(Next::Hold(clock, left)) => {
+                metrics::counter!(NOT_DUE_TOTAL.name, "clock" => clock).increment(1);
+                let left_ms = left.as_millis() as u64;
+                p.span.in_scope(|| {
+                    debug!(target: CONSUMER, clock, left_ms,
+                        "not due yet by the reference clock; held again")
+                });
+                hold.push((p, left));
+            }
             // Every slot is filled above; an empty one would be a bug: retry it.
             None => retry.push((p, "not handled".into())),
         }
@@ -247,6 +266,7 @@ fn settle(batch: Vec<Pending>, next: Vec<Option<Next>>, observed: bool) -> Done 
         retry,
         park,
         requeue,
+        hold,
     }
 }
 

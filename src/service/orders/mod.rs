@@ -20,6 +20,7 @@ use thiserror::Error;
 pub use self::failure::{FailureClass, classify};
 pub use self::postgres::PgOrderStore;
 pub(crate) use self::postgres::connect_config;
+use crate::clock::Clock;
 use crate::publisher::ExpiryMessage;
 
 /// What the cancel statement did to one due order.
@@ -37,6 +38,9 @@ pub enum Disposition {
     /// Still unpaid, but another transaction holds its row lock (a payment in
     /// progress): the cancel skipped it; try this one again later.
     Busy,
+    /// Still unpaid, but not due yet by the database's clock (this host's
+    /// clock, corrected, ran ahead of it): try again after this long.
+    NotDue(Duration),
 }
 
 /// The database could not answer; the caller keeps the messages and retries.
@@ -135,27 +139,39 @@ pub trait OrderStore: Send + Sync + 'static {
 
     /// Whether the database answers now (for `/readyz`).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// This host's clock corrected to the database's: the consumer holds and
+    /// releases orders by it. This host's own clock unless the store measures
+    /// its offset.
+    fn clock(&self) -> Clock {
+        Clock::local()
+    }
 }
 
 /// What `exists_sql` says about one existing order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 struct Existing {
     /// Still unpaid (the second column; `false` for a one-column statement).
     unpaid: bool,
     /// Its payment deadline now (the third column, when there is one).
     deadline: Option<DateTime<Utc>>,
+    /// The database's `now()` (the fourth column, when there is one).
+    now: Option<DateTime<Utc>>,
 }
 
 /// One disposition per message from what the statements returned: the ids the
 /// cancel returned, and of the others those that exist, each with whether it is
-/// still unpaid and its deadline. An unpaid order the cancel left alone is
-/// `Extended` when its deadline is later than the message's `due_at`, `Busy`
-/// (skipped because locked) otherwise. A repeated id is `Cancelled` the first
-/// time only: the second delivery changed nothing.
+/// still unpaid, its deadline and the database's `now()`. An unpaid order the
+/// cancel left alone is `Extended` when its deadline is later than the
+/// message's `due_at`, `NotDue` when its `due_at` is still ahead of the
+/// database's clock (`now()` from `exists_sql`, or else `reference_now`), and
+/// `Busy` (skipped because locked) otherwise. A repeated id is `Cancelled` the
+/// first time only: the second delivery changed nothing.
 fn dispositions(
     messages: &[&ExpiryMessage],
     cancelled: &HashSet<String>,
     existing: &HashMap<String, Existing>,
+    reference_now: DateTime<Utc>,
 ) -> Vec<Disposition> {
     let mut seen: HashSet<&str> = HashSet::with_capacity(messages.len());
     messages
@@ -176,7 +192,13 @@ fn dispositions(
                         deadline: Some(deadline),
                         ..
                     } if *deadline > message.due_at => Disposition::Extended,
-                    _ => Disposition::Busy,
+                    Existing { now, .. } => {
+                        let now = now.unwrap_or(reference_now);
+                        match (message.due_at - now).to_std() {
+                            Ok(left) if !left.is_zero() => Disposition::NotDue(left),
+                            _ => Disposition::Busy,
+                        }
+                    }
                 }
             } else {
                 Disposition::Unknown
@@ -210,6 +232,7 @@ mod tests {
                     Existing {
                         unpaid: *unpaid,
                         deadline,
+                        now: Some(due()),
                     },
                 )
             })
@@ -229,7 +252,7 @@ mod tests {
     ) -> Vec<Disposition> {
         let messages = messages(ids);
         let refs: Vec<&ExpiryMessage> = messages.iter().collect();
-        dispositions(&refs, &set(cancelled), &existing(rows))
+        dispositions(&refs, &set(cancelled), &existing(rows), due())
     }
 
     #[test]
@@ -254,6 +277,30 @@ mod tests {
                 Disposition::Extended,
                 Disposition::Busy,
                 Disposition::Busy,
+            ]
+        );
+    }
+
+    #[test]
+    fn an_unpaid_order_not_due_by_the_database_clock_is_not_due_for_the_time_left() {
+        let messages = messages(&["early", "fallback"]);
+        let refs: Vec<&ExpiryMessage> = messages.iter().collect();
+        let mut rows = existing(&[("early", true, Some(0)), ("fallback", true, None)]);
+        // The database read its clock 1.5 s before due_at.
+        rows.get_mut("early").unwrap().now = Some(due() - TimeDelta::milliseconds(1_500));
+        // A three-column exists_sql: this host's corrected clock says 200 ms before.
+        rows.get_mut("fallback").unwrap().now = None;
+        let got = dispositions(
+            &refs,
+            &set(&[]),
+            &rows,
+            due() - TimeDelta::milliseconds(200),
+        );
+        assert_eq!(
+            got,
+            [
+                Disposition::NotDue(Duration::from_millis(1_500)),
+                Disposition::NotDue(Duration::from_millis(200)),
             ]
         );
     }

@@ -17,6 +17,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row, Statement};
 
 use super::{Disposition, Existing, OrderStore, StoreError, dispositions};
+use crate::clock::Clock;
 use crate::publisher::ExpiryMessage;
 use crate::service::outbox::OUTBOX_SCHEMA_SQL;
 use crate::settings::{DatabaseSettings, Settings, redact_url, scrub_url};
@@ -52,6 +53,8 @@ pub struct PgOrderStore {
     /// of the rest are still unpaid (its second column).
     skips_locked: bool,
     query_timeout: Duration,
+    /// This host's clock corrected to the database's (see `service::clock`).
+    clock: Clock,
 }
 
 impl std::fmt::Debug for PgOrderStore {
@@ -75,7 +78,27 @@ impl PgOrderStore {
             overdue_sql: settings.overdue.count_sql.clone(),
             skips_locked: skips_locked(&settings.database.cancel_sql),
             query_timeout: settings.database.query_timeout,
+            clock: Clock::local(),
         })
+    }
+
+    /// One timed reading of the database's clock: its `clock_timestamp()`,
+    /// this host's (uncorrected) time when the query was sent, and the round
+    /// trip. The database read its clock somewhere within that round trip.
+    pub(crate) async fn read_clock(
+        &self,
+    ) -> Result<(DateTime<Utc>, DateTime<Utc>, Duration), StoreError> {
+        let mut db = self.checkout().await?;
+        let read = db.prepare("clock", "SELECT clock_timestamp()").await?;
+        let sent = Utc::now();
+        let started = std::time::Instant::now();
+        let rows = db.query(&read, &[]).await?;
+        let round_trip = started.elapsed();
+        let reference = rows
+            .first()
+            .and_then(|row| row.try_get::<_, DateTime<Utc>>(0).ok())
+            .ok_or_else(|| shape("clock", "SELECT clock_timestamp() returned no time".into()))?;
+        Ok((reference, sent, round_trip))
     }
 
     /// A pooled connection for one store call, bounded by `query_timeout_ms`.
@@ -125,6 +148,11 @@ impl PgOrderStore {
 }
 
 impl OrderStore for PgOrderStore {
+    /// Corrected by what `read_clock` readings measured (`service::clock`).
+    fn clock(&self) -> Clock {
+        self.clock.clone()
+    }
+
     async fn cancel_unpaid(
         &self,
         messages: &[&ExpiryMessage],
@@ -153,7 +181,12 @@ impl OrderStore for PgOrderStore {
                     .await?;
             self.existing(&exists, &rows)?
         };
-        Ok(dispositions(messages, &cancelled, &existing))
+        Ok(dispositions(
+            messages,
+            &cancelled,
+            &existing,
+            self.clock.now(),
+        ))
     }
 
     async fn sweep_overdue(&self, grace: Duration, limit: u32) -> Result<Vec<String>, StoreError> {
@@ -188,8 +221,10 @@ impl OrderStore for PgOrderStore {
 
 impl PgOrderStore {
     /// What `exists_sql` returned: each existing id, with whether it is still
-    /// unpaid (second column, boolean) and its deadline (third column,
-    /// timestamptz, optional). A one-column statement says only that they
+    /// unpaid (second column, boolean), its deadline (third column,
+    /// timestamptz, optional) and the database's `now()` (fourth column,
+    /// timestamptz, optional: tells an order not due yet by the database's
+    /// clock from a locked one). A one-column statement says only that they
     /// exist, which is enough unless the cancel skips locked rows.
     fn existing(
         &self,
@@ -206,35 +241,43 @@ impl PgOrderStore {
             )),
             1 => Ok(ids_of::<Vec<String>>(SETTING, rows)?
                 .into_iter()
-                .map(|id| {
-                    let unknown = Existing {
-                        unpaid: false,
-                        deadline: None,
-                    };
-                    (id, unknown)
-                })
+                .map(|id| (id, Existing::default()))
                 .collect()),
-            n @ (2 | 3) => rows
+            n @ 2..=4 => rows
                 .iter()
                 .map(|row| {
                     let deadline = match n {
-                        3 => row.try_get::<_, Option<DateTime<Utc>>>(2)?,
+                        3 | 4 => row.try_get::<_, Option<DateTime<Utc>>>(2)?,
+                        _ => None,
+                    };
+                    let now = match n {
+                        4 => row.try_get::<_, Option<DateTime<Utc>>>(3)?,
                         _ => None,
                     };
                     let unpaid = row.try_get::<_, bool>(1)?;
-                    Ok((row.try_get(0)?, Existing { unpaid, deadline }))
+                    Ok((
+                        row.try_get(0)?,
+                        Existing {
+                            unpaid,
+                            deadline,
+                            now,
+                        },
+                    ))
                 })
                 .collect::<Result<_, tokio_postgres::Error>>()
                 .map_err(|e| {
                     shape(
                         SETTING,
-                        format!("returns other types than (text, boolean[, timestamptz]): {e}"),
+                        format!(
+                            "returns other types than (text, boolean[, timestamptz[, timestamptz]]): {e}"
+                        ),
                     )
                 }),
             n => Err(shape(
                 SETTING,
                 format!(
-                    "returns {n} columns, not 1 (id), 2 (id, still unpaid) or 3 (id, still unpaid, deadline)"
+                    "returns {n} columns, not 1 (id), 2 (id, still unpaid), 3 (id, still unpaid, \
+                     deadline) or 4 (id, still unpaid, deadline, now())"
                 ),
             )),
         }

@@ -42,6 +42,7 @@ pub(crate) use self::schema::OUTBOX_SCHEMA_SQL;
 use super::backoff::Backoff;
 use super::http::{OutboxState, Readiness};
 use super::orders::{StoreError, connect_config};
+use crate::clock::Clock;
 use crate::publisher::{ScheduleError, Scheduler};
 use crate::settings::{OutboxSettings, Settings};
 use crate::telemetry::{
@@ -145,6 +146,13 @@ impl Relay {
             observer: None,
             connection: None,
         })
+    }
+
+    /// Measures each row's delay by `clock` (this host's corrected to the
+    /// database's, whose `due_at`s the rows hold) instead of this host's own.
+    pub(crate) fn with_clock(mut self, clock: Clock) -> Self {
+        self.scheduler = self.scheduler.with_clock(clock);
+        self
     }
 
     /// Reports every row the relay is done with, after its round committed:

@@ -1,0 +1,327 @@
+//! Never early by the reference clock, whatever `serve`'s own clock says.
+//! `serve` runs under libfaketime with its wall clock 5 s ahead or behind;
+//! this process, on the clock of the database's host, makes the orders and
+//! schedules them, as an order service beside its database would. With the
+//! SQL action the reference is the order database's `now()`; with the HTTP
+//! action it is the order service's clock, which answers 425 to an expire
+//! that comes before `due_at`. The sweeper is off: every cancel is the
+//! consumer's.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, TimeDelta, Utc};
+use order_expiry::Scheduler;
+use order_expiry_testkit::{
+    Endpoint, MovableClock, OrderRow, Served, Subscriber, World, at_ms, skewed_clock,
+};
+
+/// How far `serve`'s clock is off, in seconds.
+const SKEW_S: i64 = 5;
+
+/// The promise: cancelled no earlier than due, and within this after, by the
+/// reference clock (the offset is measured and corrected).
+const BOUND: TimeDelta = TimeDelta::seconds(1);
+
+/// Orders per run, due 4-9 s after they are made.
+const ORDERS: usize = 150;
+
+/// How an order travels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Carried {
+    /// One v1 message per order.
+    Alone,
+    /// v2 bundles (group commit with a window of two publishes).
+    Bundled,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_ahead_never_cancels_before_the_database_says_due() {
+    sql_run(SKEW_S, Carried::Alone).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_ahead_never_cancels_a_bundled_order_before_the_database_says_due() {
+    sql_run(SKEW_S, Carried::Bundled).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_behind_cancels_on_time_by_the_database_clock() {
+    sql_run(-SKEW_S, Carried::Bundled).await;
+}
+
+/// A clock that jumps ahead between two measurements of its offset: `serve`
+/// releases the orders by its now wrong corrected time, 5 s early, and the
+/// cancel statement's own rule (`due_at <= now()`, the database's) refuses
+/// them; they are held for the time the database says is left, not parked,
+/// not retried on a backoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_that_jumps_ahead_unmeasured_is_still_never_early() {
+    let env = World::new().await;
+    let clock = MovableClock::new(&env.id, 0);
+    let mut vars = clock.env();
+    // One measurement, at start; none while the test runs.
+    vars.push((
+        "ORDER_EXPIRY__CLOCK__PROBE_INTERVAL_MS",
+        "600000".to_owned(),
+    ));
+    let served = start(&env, &vars, "jump").await;
+    clock.set(SKEW_S);
+    // libfaketime reads its file again within a second.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let orders = schedule(&env, "jump", Carried::Bundled).await;
+    let rows = wait_settled(&env, &orders).await;
+    let refused = served
+        .metric("order_expiry_not_due_total{clock=\"database\"}")
+        .await;
+    eprintln!(
+        "FIGURES clock sql serve jumped +{SKEW_S} s unmeasured: {}; refused as not due {refused}",
+        judge(&orders, &rows)
+    );
+    assert!(refused > 0.0, "the database never refused an early cancel");
+    drop(served);
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_ahead_never_expires_before_the_order_service_says_due() {
+    http_run(SKEW_S).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_behind_expires_on_time_by_the_order_service_clock() {
+    http_run(-SKEW_S).await;
+}
+
+/// The event action has no reference clock `serve` can read: its
+/// subscribers judge `due_at` by their own, as the contract asks. `serve`
+/// ahead publishes every event early; the subscriber holds each until due.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_ahead_never_has_an_event_acted_on_early() {
+    let env = World::new().await;
+    let subscriber = Subscriber::start(&env).await;
+    let mut vars = vec![
+        ("ORDER_EXPIRY__ACTION__KIND", "amqp".to_owned()),
+        (
+            "ORDER_EXPIRY__ACTION__AMQP__EXCHANGE",
+            subscriber.exchange.clone(),
+        ),
+    ];
+    vars.extend(skewed_clock(SKEW_S));
+    let served = start(&env, &vars, "event").await;
+    let orders = schedule(&env, "event", Carried::Alone).await;
+    let rows = wait_settled(&env, &orders).await;
+    drop(served);
+    let received = subscriber.stop(&env).await;
+    eprintln!(
+        "FIGURES clock event serve +{SKEW_S} s: {}; events {}, held by the subscriber {}",
+        judge(&orders, &rows),
+        received.events,
+        received.held
+    );
+    assert!(
+        received.held > 0,
+        "no event came early: serve's clock was not ahead"
+    );
+    env.cleanup().await;
+}
+
+// The rest of the matrix, for `scripts/test --long` (and the book's table).
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long: scripts/test --long"]
+async fn long_serve_behind_cancels_a_lone_order_on_time() {
+    sql_run(-SKEW_S, Carried::Alone).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long: scripts/test --long"]
+async fn long_no_skew_lone_orders() {
+    sql_run(0, Carried::Alone).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long: scripts/test --long"]
+async fn long_no_skew_bundled_orders() {
+    sql_run(0, Carried::Bundled).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long: scripts/test --long"]
+async fn long_no_skew_http() {
+    http_run(0).await;
+}
+
+/// One run of the HTTP action with `serve`'s clock `skew_s` off, against an
+/// order service on the database host's clock that keeps the contract's
+/// rule (425 Too Early before `due_at`).
+async fn http_run(skew_s: i64) {
+    let env = World::new().await;
+    let service = Endpoint::order_service(env.store.clone()).await;
+    let base_url = service.base_url();
+    let mut vars = vec![
+        ("ORDER_EXPIRY__ACTION__KIND", "http".to_owned()),
+        ("ORDER_EXPIRY__ACTION__HTTP__BASE_URL", base_url),
+    ];
+    vars.extend(skewed_clock(skew_s));
+    let served = start(&env, &vars, "http").await;
+    let orders = schedule(&env, "http", Carried::Alone).await;
+    let rows = wait_settled(&env, &orders).await;
+    let too_early = service
+        .requests()
+        .iter()
+        .filter(|r| r.kind == "expire" && r.status == Some(425))
+        .count();
+    let parked = env.depth(&env.ladder().parked_queue()).await;
+    let offset = served
+        .metric("order_expiry_clock_offset_seconds{clock=\"http\"}")
+        .await;
+    eprintln!(
+        "FIGURES clock http serve {skew_s:+} s: {}; 425 answers {too_early}, parked {parked}, \
+         offset {offset:+.3} s",
+        judge(&orders, &rows)
+    );
+    assert_eq!(parked, 0, "an order the service called early was parked");
+    assert!(
+        (offset + skew_s as f64).abs() < 0.5,
+        "the offset from the order service's answers reads {offset:+.3} s, not {:+} s",
+        -skew_s
+    );
+    drop(served);
+    env.cleanup().await;
+}
+
+/// One run of the SQL action with `serve`'s clock `skew_s` off.
+async fn sql_run(skew_s: i64, carried: Carried) {
+    let env = World::new().await;
+    let vars = skewed_clock(skew_s);
+    let served = start(&env, &vars, "sql").await;
+    let orders = schedule(&env, "sql", carried).await;
+    let rows = wait_settled(&env, &orders).await;
+    let offset = served
+        .metric("order_expiry_clock_offset_seconds{clock=\"database\"}")
+        .await;
+    eprintln!(
+        "FIGURES clock sql serve {skew_s:+} s {carried:?}: {}; offset {offset:+.3} s",
+        judge(&orders, &rows)
+    );
+    assert!(
+        (offset + skew_s as f64).abs() < 0.1,
+        "serve measured its offset from the database as {offset:+.3} s, not {:+} s",
+        -skew_s
+    );
+    drop(served);
+    env.cleanup().await;
+}
+
+/// `serve` for `env` with `vars`, ready.
+async fn start(env: &World, vars: &[(&str, String)], label: &str) -> Served {
+    let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let binary = Path::new(env!("CARGO_BIN_EXE_order-expiry"));
+    let log = std::env::temp_dir().join(format!("order-expiry-clock-{label}-{}.log", env.id));
+    let served = Served::start(binary, &env.settings, &vars, log).await;
+    served.wait_ready(Duration::from_secs(30)).await;
+    served
+}
+
+/// Makes `ORDERS` unpaid orders due 4-9 s from now and schedules them from
+/// this process (the database host's clock), alone or in bundles.
+async fn schedule(env: &World, prefix: &str, carried: Carried) -> Vec<(String, DateTime<Utc>)> {
+    let orders: Vec<(String, DateTime<Utc>)> = (0..ORDERS)
+        .map(|i| {
+            let ms = 4_000 + (i * 5_000 / ORDERS) as i64;
+            (format!("{prefix}-{i}"), at_ms(ms))
+        })
+        .collect();
+    env.create_orders(&orders).await;
+    let mut settings = env.settings.clone();
+    match carried {
+        Carried::Alone => settings.publisher.bundle_max_orders = 1,
+        Carried::Bundled => settings.publisher.max_in_flight = 2,
+    }
+    let scheduler = Scheduler::from_settings(&settings).expect("a scheduler");
+    let mut messages = HashSet::new();
+    for result in scheduler.schedule_many(orders.clone()).await {
+        messages.insert(result.expect("every schedule confirmed").message_id);
+    }
+    scheduler.close().await;
+    match carried {
+        Carried::Alone => assert_eq!(messages.len(), ORDERS, "one message per order"),
+        Carried::Bundled => assert!(
+            messages.len() <= ORDERS / 5,
+            "{} messages for {ORDERS} orders: not bundled",
+            messages.len()
+        ),
+    }
+    orders
+}
+
+/// Waits until no order is unpaid any more, or 10 s after the last is due.
+async fn wait_settled(
+    env: &World,
+    orders: &[(String, DateTime<Utc>)],
+) -> std::collections::HashMap<String, OrderRow> {
+    let last_due = orders.iter().map(|(_, at)| *at).max().expect("orders");
+    let limit = (last_due - Utc::now() + TimeDelta::seconds(10))
+        .to_std()
+        .unwrap_or_default();
+    let deadline = Instant::now() + limit;
+    loop {
+        let rows = env.orders().await.expect("orders");
+        if rows.values().all(|r| r.status != "unpaid") || Instant::now() > deadline {
+            return rows;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Asserts none lost, none early and every one within [`BOUND`], each by the
+/// database's clock (`cancelled_at` against `pay_deadline`); the figures.
+fn judge(
+    orders: &[(String, DateTime<Utc>)],
+    rows: &std::collections::HashMap<String, OrderRow>,
+) -> String {
+    let mut lost = Vec::new();
+    let mut early = Vec::new();
+    let mut late_ms = Vec::new();
+    for (id, _) in orders {
+        let row = &rows[id];
+        let Some(cancelled_at) = row.cancelled_at else {
+            lost.push(id.as_str());
+            continue;
+        };
+        let late = cancelled_at - row.pay_deadline;
+        if late < TimeDelta::zero() {
+            early.push((id.as_str(), late.num_milliseconds()));
+        }
+        late_ms.push(late.num_milliseconds());
+    }
+    late_ms.sort();
+    let at = |q: f64| {
+        late_ms.get(((late_ms.len() as f64 * q) as usize).min(late_ms.len().saturating_sub(1)))
+    };
+    let figures = format!(
+        "{} orders, early {}, lost {}, lateness p50 {:?} ms, p99 {:?} ms, max {:?} ms",
+        orders.len(),
+        early.len(),
+        lost.len(),
+        at(0.5),
+        at(0.99),
+        late_ms.last()
+    );
+    lost.truncate(10);
+    early.truncate(10);
+    assert!(lost.is_empty(), "{figures}: not cancelled, e.g. {lost:?}");
+    assert!(
+        early.is_empty(),
+        "{figures}: cancelled before due by the reference clock, e.g. (ms) {early:?}"
+    );
+    let max = late_ms.last().copied().unwrap_or(0);
+    assert!(
+        max < BOUND.num_milliseconds(),
+        "{figures}: later than the {} ms bound",
+        BOUND.num_milliseconds()
+    );
+    figures
+}
