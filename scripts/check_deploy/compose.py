@@ -7,8 +7,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -90,19 +88,6 @@ def bind_mounts(svc: dict) -> list[tuple[str, str, bool]]:
 
 # Checks: docker-compose.yml
 # ---------------------------------------------------------------------------
-
-
-@check("compose: docker-compose.yml valid against the compose-spec JSON schema")
-def compose_schema():
-    exe = Path(sys.executable).with_name("check-jsonschema")
-    require(exe.exists(), f"{exe} not found")
-    result = subprocess.run(
-        [str(exe), "--builtin-schema", "vendor.compose-spec", str(COMPOSE_FILE)],
-        capture_output=True, text=True, check=False,
-    )
-    require(result.returncode == 0, (result.stdout + result.stderr).strip())
-    compose()  # also parses with PyYAML (anchors, single document)
-    return "check-jsonschema vendor.compose-spec"
 
 
 @check("compose: every mounted host path, build context and Dockerfile exists")
