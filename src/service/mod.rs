@@ -36,11 +36,19 @@ pub use self::action::{
     Expiring, HttpAction, PaymentCheck,
 };
 pub use self::app::{Service, ServiceError};
-pub use self::consumer::{
-    Arrival, BundlePart, Consumer, ConsumerError, Handled, Outcome, on_arrival,
-};
+pub use self::consumer::{Consumer, ConsumerError, Handled, Outcome};
 pub use self::http::{OutboxState, Readiness};
-pub use self::orders::{Disposition, FailureClass, OrderStore, PgOrderStore, StoreError, classify};
-pub use self::outbox::{Relay, RelayError, Relayed, Round};
+pub use self::orders::{Disposition, OrderStore, PgOrderStore, PooledClient, StoreError};
+pub use self::outbox::{Relay, RelayError};
 pub use self::shutdown::shutdown_on_signal;
 pub use self::sweeper::Sweeper;
+
+// What the benchmarks and tests drive directly and users do not import: public
+// so that the workspace members can reach it, hidden from the documentation,
+// and free to change with any release.
+#[doc(hidden)]
+pub use self::consumer::{Arrival, BundlePart, on_arrival};
+#[doc(hidden)]
+pub use self::orders::{FailureClass, classify};
+#[doc(hidden)]
+pub use self::outbox::{Relayed, Round};

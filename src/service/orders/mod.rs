@@ -9,6 +9,7 @@
 //! - `postgres`: [`PgOrderStore`], every call bounded by `database.query_timeout_ms`.
 
 mod failure;
+mod pooled;
 mod postgres;
 
 use std::collections::{HashMap, HashSet};
@@ -18,6 +19,7 @@ use chrono::{DateTime, Utc};
 use thiserror::Error;
 
 pub use self::failure::{FailureClass, classify};
+pub use self::pooled::PooledClient;
 pub use self::postgres::PgOrderStore;
 pub(crate) use self::postgres::connect_config;
 use crate::publisher::ExpiryMessage;

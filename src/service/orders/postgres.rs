@@ -16,7 +16,7 @@ use secrecy::ExposeSecret;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row, Statement};
 
-use super::{Disposition, Existing, OrderStore, StoreError, dispositions};
+use super::{Disposition, Existing, OrderStore, PooledClient, StoreError, dispositions};
 use crate::publisher::ExpiryMessage;
 use crate::service::outbox::OUTBOX_SCHEMA_SQL;
 use crate::settings::{DatabaseSettings, Settings, redact_url, scrub_url};
@@ -89,8 +89,8 @@ impl PgOrderStore {
 
     /// A pooled connection for order-side SQL the store does not cover: the
     /// demo's and the tests' own queries.
-    pub async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {
-        Ok(self.pool.get().await?)
+    pub async fn client(&self) -> Result<PooledClient, StoreError> {
+        Ok(PooledClient::new(self.pool.get().await?))
     }
 
     /// Creates the default `orders` table and the outbox
