@@ -18,8 +18,7 @@ These modules keep what no tool knows: how the files fit each other and the
 code (ports, users and passwords, mounts, grace periods, selectors).
 What compares the artifacts with the Rust code lives in Rust tests instead:
 the book's metrics catalog (docs/src/operating/metrics.md) and the dashboard's order_expiry_* queries
-(src/telemetry/catalog.rs), deploy/postgres/init.sql
-(src/service/orders/postgres.rs), the README (tests/integration/docs.rs), and
+(src/telemetry/catalog.rs), the README (tests/integration/docs.rs), and
 the password hashes of the users files, verified by the real broker
 (tests/integration/deploy_users.rs).
 """

@@ -19,7 +19,7 @@ DOCKERIGNORE = ROOT / ".dockerignore"
 RABBITMQ_CONF = DEPLOY / "rabbitmq.conf"
 ENABLED_PLUGINS = DEPLOY / "enabled_plugins"
 DEFINITIONS = ROOT / "definitions.json"
-INIT_SQL = DEPLOY / "postgres" / "init.sql"
+MIGRATIONS = ROOT / "migrations"
 DEPLOY_README = DEPLOY / "README.md"
 GRAFANA_DASHBOARD = DEPLOY / "grafana" / "order-expiry.json"
 

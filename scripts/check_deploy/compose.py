@@ -11,7 +11,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from .common import (
-    COMPOSE_FILE, CONSUMER_USER, DEPLOY_README, DOCKERFILE, INIT_SQL, PUBLISHER_USER, RABBITMQ_CONF, ROOT,
+    COMPOSE_FILE, CONSUMER_USER, DEPLOY_README, DOCKERFILE, MIGRATIONS, PUBLISHER_USER, RABBITMQ_CONF, ROOT,
     CheckFailed, check, drain_timeout_s, listen_port, load_yaml_docs, read_text, rel, require, topology_prefix,
 )
 from .rabbitmq import amqp_credentials, check_consumer_capabilities, check_login, imported, rabbitmq_conf
@@ -108,9 +108,9 @@ def compose_paths():
             require(dockerfile.resolve() == DOCKERFILE.resolve(),
                     f"service {name}: builds {rel(dockerfile)}, expected deploy/Dockerfile")
             count += 1
-    initdb = [h for h, c, _ in bind_mounts(service("postgres")) if c.startswith("/docker-entrypoint-initdb.d/")]
-    require(initdb and (ROOT / initdb[0]).resolve() == INIT_SQL.resolve(),
-            "postgres must mount deploy/postgres/init.sql into /docker-entrypoint-initdb.d/")
+    initdb = [h for h, c, _ in bind_mounts(service("postgres")) if c.rstrip("/") == "/docker-entrypoint-initdb.d"]
+    require(initdb and (ROOT / initdb[0]).resolve() == MIGRATIONS.resolve(),
+            "postgres must mount migrations/ (the schema of `order-expiry migrate`) at /docker-entrypoint-initdb.d")
     return f"{count} paths"
 
 

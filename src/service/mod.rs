@@ -9,6 +9,7 @@
 //! - `overdue`: the gauge of unpaid orders past their deadline by more than a margin.
 //! - `outbox`: the transactional outbox relay: `order_expiry_outbox` to the ladder.
 //! - `http`: `/healthz`, `/readyz`, `/metrics`.
+//! - `migrations`: the default schema, `migrations/*.sql`, for `migrate`.
 //! - `backoff`: exponential backoff for reconnects and retries.
 //! - `shutdown`: SIGTERM / Ctrl-C → cancellation token.
 
@@ -25,6 +26,7 @@ mod app;
 mod backoff;
 mod consumer;
 mod http;
+mod migrations;
 mod orders;
 mod outbox;
 mod overdue;

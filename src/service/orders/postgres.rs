@@ -18,27 +18,8 @@ use tokio_postgres::{NoTls, Row, Statement};
 
 use super::{Disposition, Existing, OrderStore, PooledClient, StoreError, dispositions};
 use crate::publisher::ExpiryMessage;
-use crate::service::outbox::OUTBOX_SCHEMA_SQL;
+use crate::service::migrations::migration_sql;
 use crate::settings::{DatabaseSettings, Settings, redact_url, scrub_url};
-
-/// The default table, as in the public contract, and the partial index the
-/// sweeper and the overdue gauge read (only unpaid orders are in it, so a sweep
-/// every second reads the few that are overdue, not the whole table). `migrate`
-/// runs it.
-pub(crate) const SCHEMA_SQL: &str = "CREATE TABLE IF NOT EXISTS orders (
-  id           text PRIMARY KEY,
-  status       text NOT NULL DEFAULT 'unpaid' CHECK (status IN ('unpaid','paid','cancelled')),
-  created_at   timestamptz NOT NULL DEFAULT now(),
-  pay_deadline timestamptz,
-  paid_at      timestamptz,
-  cancelled_at timestamptz
-);
-CREATE INDEX IF NOT EXISTS orders_unpaid_pay_deadline ON orders (pay_deadline) WHERE status = 'unpaid'";
-
-/// Everything `migrate` runs: the orders table, then the outbox.
-pub(crate) fn migration_sql() -> String {
-    format!("{SCHEMA_SQL};\n{OUTBOX_SCHEMA_SQL}")
-}
 
 /// [`OrderStore`] on PostgreSQL.
 #[derive(Clone)]
@@ -409,27 +390,4 @@ fn pool(settings: &DatabaseSettings) -> Result<Pool, StoreError> {
         .recycle_timeout(Some(settings.connect_timeout))
         .runtime(deadpool_postgres::Runtime::Tokio1)
         .build()?)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn normalized(sql: &str) -> String {
-        let without_comments: Vec<&str> = sql
-            .lines()
-            .map(|line| line.split("--").next().unwrap_or(""))
-            .collect();
-        let text = without_comments.join(" ");
-        let words: Vec<&str> = text.split_whitespace().collect();
-        words.join(" ").trim_end_matches(';').trim().to_owned()
-    }
-
-    /// The compose stack's PostgreSQL creates the tables `migrate` creates.
-    #[test]
-    fn deploy_init_sql_is_the_migration() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/postgres/init.sql");
-        let init = std::fs::read_to_string(path).unwrap();
-        assert_eq!(normalized(&init), normalized(&migration_sql()));
-    }
 }
