@@ -20,7 +20,7 @@ RABBITMQ_CONF = DEPLOY / "rabbitmq.conf"
 ENABLED_PLUGINS = DEPLOY / "enabled_plugins"
 DEFINITIONS = ROOT / "definitions.json"
 MIGRATIONS = ROOT / "migrations"
-DEPLOY_README = DEPLOY / "README.md"
+DEPLOY_DOCS = ROOT / "docs" / "src" / "operating" / "deploy.md"
 GRAFANA_DASHBOARD = DEPLOY / "grafana" / "order-expiry.json"
 
 # The least-privilege users of definitions.json (src/topology/access.rs).

@@ -11,7 +11,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from .common import (
-    COMPOSE_FILE, CONSUMER_USER, DEPLOY_README, DOCKERFILE, MIGRATIONS, PUBLISHER_USER, RABBITMQ_CONF, ROOT,
+    COMPOSE_FILE, CONSUMER_USER, DEPLOY_DOCS, DOCKERFILE, MIGRATIONS, PUBLISHER_USER, RABBITMQ_CONF, ROOT,
     CheckFailed, check, drain_timeout_s, listen_port, load_yaml_docs, read_text, rel, require, topology_prefix,
 )
 from .rabbitmq import amqp_credentials, check_consumer_capabilities, check_login, imported, rabbitmq_conf
@@ -212,9 +212,9 @@ def compose_broker_user():
     check_login(state, demo_user, demo_password, demo_vhost)
     checked.append(f"demo {demo_user}")
     # The publisher URL documented for the order service on the host.
-    documented = re.findall(r"amqps?://[^\s`'\"]+", read_text(DEPLOY_README))
+    documented = re.findall(r"amqps?://[^\s`'\"]+", read_text(DEPLOY_DOCS))
     publisher_urls = [u for u in documented if amqp_credentials(u)[0] == PUBLISHER_USER]
-    require(publisher_urls, f"deploy/README.md documents no {PUBLISHER_USER} URL for the compose broker")
+    require(publisher_urls, f"docs/src/operating/deploy.md documents no {PUBLISHER_USER} URL for the compose broker")
     for url in publisher_urls:
         user, password, _, vhost = amqp_credentials(url)
         check_login(state, user, password, vhost)
