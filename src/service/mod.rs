@@ -40,7 +40,9 @@ pub use self::action::{
 pub use self::app::{Service, ServiceError};
 pub use self::consumer::{Consumer, ConsumerError, Handled, Outcome};
 pub use self::http::{OutboxState, Readiness};
-pub use self::orders::{Disposition, OrderStore, PgOrderStore, PooledClient, StoreError};
+pub use self::orders::{
+    Disposition, OrderStore, PgOrderStore, PoolError, PooledClient, StoreError,
+};
 pub use self::outbox::{Relay, RelayError};
 pub use self::shutdown::shutdown_on_signal;
 pub use self::sweeper::Sweeper;
