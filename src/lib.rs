@@ -18,8 +18,11 @@
 //! let due_at = Utc::now() + TimeDelta::minutes(30);
 //! match scheduler.schedule("order-42", due_at).await {
 //!     Ok(scheduled) => println!("expiry of order-42 held by the broker: {scheduled:?}"),
-//!     // Nothing durable: the call can be repeated (a duplicate is harmless).
-//!     Err(e @ (ScheduleError::Timeout(_) | ScheduleError::Broker(_))) => return Err(e.into()),
+//!     // The broker may or may not hold it: schedule again (a duplicate is harmless).
+//!     Err(ScheduleError::Timeout(_) | ScheduleError::Broker(_)) => {
+//!         scheduler.schedule("order-42", due_at).await?;
+//!     }
+//!     // Nothing a retry mends: a bad order id, a delay beyond the ladder, no topology.
 //!     Err(e) => return Err(e.into()),
 //! }
 //! # Ok(())

@@ -19,8 +19,8 @@ DOCKERIGNORE = ROOT / ".dockerignore"
 RABBITMQ_CONF = DEPLOY / "rabbitmq.conf"
 ENABLED_PLUGINS = DEPLOY / "enabled_plugins"
 DEFINITIONS = ROOT / "definitions.json"
-INIT_SQL = DEPLOY / "postgres" / "init.sql"
-DEPLOY_README = DEPLOY / "README.md"
+MIGRATIONS = ROOT / "migrations"
+DEPLOY_DOCS = ROOT / "docs" / "src" / "operating" / "deploy.md"
 GRAFANA_DASHBOARD = DEPLOY / "grafana" / "order-expiry.json"
 
 # The least-privilege users of definitions.json (src/topology/access.rs).

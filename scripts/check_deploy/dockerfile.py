@@ -1,8 +1,9 @@
 """deploy/Dockerfile and .dockerignore: a multi-stage build of the one binary,
 a non-root runtime that stops on SIGTERM and reports health, every COPY source
 present and not ignored, and every manifest the workspace needs in the builder.
-.dockerignore is matched by docker-py (pinned in deploy/check-requirements.txt),
-the Python port of Docker's own matcher, not by a rule of our own."""
+hadolint lints the file first (tools.py); dockerfile-parse reads it here, and
+.dockerignore is matched by docker-py, the Python port of Docker's own matcher
+(both pinned in deploy/check-requirements.txt)."""
 
 from __future__ import annotations
 
@@ -12,27 +13,11 @@ import re
 import shlex
 
 from docker.utils.build import PatternMatcher
+from dockerfile_parse import DockerfileParser
 
 from .common import (
     CONTAINER_UID, DOCKERFILE, DOCKERIGNORE, ROOT, CheckFailed, cargo_manifest, check, read_text, rel, require,
 )
-
-
-def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
-    instructions, buffer = [], ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if line.startswith("#") or (not line and not buffer):
-            continue
-        if line.endswith("\\"):
-            buffer += line[:-1] + " "
-            continue
-        buffer += line
-        keyword, _, rest = buffer.strip().partition(" ")
-        instructions.append((keyword.upper(), rest.strip()))
-        buffer = ""
-    require(not buffer, "Dockerfile ends inside a line continuation")
-    return instructions
 
 
 def instruction_args(rest: str) -> tuple[dict[str, str], list[str]]:
@@ -53,20 +38,17 @@ def instruction_args(rest: str) -> tuple[dict[str, str], list[str]]:
 
 @functools.cache
 def dockerfile_stages() -> list[dict]:
-    """Stages of deploy/Dockerfile: base image, name and instructions."""
-    args: dict[str, str] = {}
+    """Stages of deploy/Dockerfile: base image (ARGs substituted), name and instructions."""
+    parser = DockerfileParser(path=str(DOCKERFILE))
+    images = iter(parser.parent_images)
     stages: list[dict] = []
-    for keyword, rest in dockerfile_instructions(read_text(DOCKERFILE)):
-        if keyword == "ARG" and not stages:
-            name, _, default = rest.partition("=")
-            args[name.strip()] = default.strip()
-        elif keyword == "FROM":
-            _, tokens = instruction_args(rest)
-            image = re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), m.group(0)), tokens[0])
+    for item in parser.structure:
+        keyword, rest = item["instruction"], item["value"]
+        if keyword == "FROM":
+            tokens = rest.split()
             name = tokens[2] if len(tokens) >= 3 and tokens[1].upper() == "AS" else None
-            stages.append({"image": image, "name": name, "instructions": []})
-        else:
-            require(stages, f"{keyword} before the first FROM")
+            stages.append({"image": next(images), "name": name, "instructions": []})
+        elif stages and keyword != "COMMENT":
             stages[-1]["instructions"].append((keyword, rest))
     return stages
 
@@ -132,7 +114,6 @@ def dockerfile_copies():
     sources = []
     for index, stage in enumerate(stages):
         for keyword, rest in stage["instructions"]:
-            require(keyword != "ADD", "use COPY, not ADD")
             if keyword != "COPY":
                 continue
             flags, tokens = instruction_args(rest)

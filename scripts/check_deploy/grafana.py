@@ -1,13 +1,19 @@
 """deploy/grafana/order-expiry.json: a well-formed dashboard with a Prometheus
 data source and the $vhost/$prefix variables at their defaults, panels for what
-ops watch, and only RabbitMQ metrics the rabbitmq_prometheus plugin exports.
+ops watch, every query parsed by promtool, and only RabbitMQ metrics the
+rabbitmq_prometheus plugin exports.
 The order_expiry_* series and labels it queries are checked against the code's
 metrics catalog by a Rust test (src/telemetry/catalog.rs)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import tempfile
+
+import yaml
 
 from .common import GRAFANA_DASHBOARD, CheckFailed, check, default_settings, read_text, rel, require, topology_prefix
 
@@ -43,6 +49,9 @@ RABBITMQ_PROMETHEUS_METRICS = {"rabbitmq_" + n for n in """
     schema_db_disk_tx_total schema_db_ram_tx_total vhost_status identity_info build_info
 """.split()}
 
+
+# What Grafana puts in a query before Prometheus sees it.
+GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__range": "1h", "$vhost": "order-expiry", "$prefix": "orders"}
 
 PANEL_TYPES = ("timeseries", "stat", "gauge", "bargauge", "table")
 
@@ -82,8 +91,6 @@ def check_panel(panel: dict, ids: set) -> list[str]:
     exprs = []
     for target in targets:
         expr = target.get("expr", "")
-        for open_, close in ("()", "[]", "{}"):
-            require(expr.count(open_) == expr.count(close), f"panel {title!r}: unbalanced {open_}{close} in {expr}")
         names = promql_metrics(expr)
         require(names, f"panel {title!r}: {expr!r} names no order_expiry_ or rabbitmq_ metric")
         for name in names:
@@ -111,4 +118,19 @@ def grafana_dashboard():
         ('queue="$prefix.parked"', "parked count"),
     ):
         require(needle in joined, f"dashboard has no panel for {what} ({needle})")
-    return f"{len(panels)} panels, {len(exprs)} queries"
+    promtool_parses(exprs)
+    return f"{len(panels)} panels, {len(exprs)} queries, promtool parses them"
+
+
+def promtool_parses(exprs: list[str]) -> None:
+    """Each query, Grafana's variables filled in, as a recording rule for `promtool check rules`."""
+    for variable, value in GRAFANA_VARIABLES.items():
+        exprs = [e.replace(variable, value) for e in exprs]
+    rules = [{"record": f"dashboard:query_{i}", "expr": e} for i, e in enumerate(exprs)]
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}, f)
+        f.flush()
+        result = subprocess.run([os.environ.get("PROMTOOL", "promtool"), "check", "rules", f.name],
+                                capture_output=True, text=True, check=False)
+    bad = [exprs[int(i)] for i in re.findall(r"dashboard:query_(\d+)", result.stdout + result.stderr)]
+    require(result.returncode == 0, f"promtool: {(result.stdout + result.stderr).strip()}\n     the queries: {bad}")

@@ -18,7 +18,7 @@ import kubernetes_validate
 import yaml
 
 from .common import (
-    CONSUMER_USER, CONTAINER_UID, DEPLOY_README, K8S, PUBLISHER_USER, CheckFailed, check, definitions,
+    CONSUMER_USER, CONTAINER_UID, DEPLOY_DOCS, K8S, PUBLISHER_USER, CheckFailed, check, definitions,
     default_settings, drain_timeout_s, listen_port, load_yaml_docs, read_text, require, topology_prefix,
 )
 from .rabbitmq import amqp_credentials, check_consumer_capabilities, check_login, imported, rabbitmq_conf
@@ -347,9 +347,9 @@ def k8s_rabbitmq_cluster():
             raise CheckFailed(f"{path}: volume must be a ConfigMap or a Secret")
     require(("configMap", DEFINITIONS_CONFIGMAP, "definitions.json") in sources.values(),
             f"ConfigMap {DEFINITIONS_CONFIGMAP} (key definitions.json) must be mounted into {load}")
-    readme = read_text(DEPLOY_README)
+    readme = read_text(DEPLOY_DOCS)
     require(f"kubectl create configmap {DEFINITIONS_CONFIGMAP} --from-file=definitions.json" in readme,
-            f"deploy/README.md must document `kubectl create configmap {DEFINITIONS_CONFIGMAP} --from-file=definitions.json`")
+            f"docs/src/operating/deploy.md must document `kubectl create configmap {DEFINITIONS_CONFIGMAP} --from-file=definitions.json`")
     # Import in mount-path order: definitions.json (ConfigMap) and the example
     # Secret's users.json; the consumer's and the publisher's URLs must log in.
     files = []

@@ -12,9 +12,9 @@
 
 mod demo;
 mod ladder;
+mod migrate;
 mod parked;
 mod schedule;
-mod schema;
 mod serve;
 mod status;
 mod topology;
@@ -97,7 +97,7 @@ pub(crate) async fn run(command: Command, settings: Settings) -> anyhow::Result<
         Command::Serve => serve::run(&settings).await,
         Command::Schedule(args) => schedule::run(args, &settings).await,
         Command::Topology(command) => topology::run(command, &settings).await,
-        Command::Migrate => schema::run(&settings).await,
+        Command::Migrate => migrate::run(&settings).await,
         Command::Demo(args) => demo::run(&args, &settings).await,
         Command::Status(args) => return status::run(&args, &settings).await,
         Command::Parked(command) => parked::run(command, &settings).await,

@@ -20,7 +20,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel};
 
 use super::admin::OpsError;
-use super::migrate::MigrationReport;
+use super::ladder_migrate::LadderMigrationReport;
 use super::republish::{Republisher, taken};
 use crate::amqp::{self, AmqpError, BrokerError, Confirming};
 
@@ -80,7 +80,7 @@ impl QueueDrain<'_> {
         queue: &str,
         expected: u32,
         carry: Carry,
-        report: &mut MigrationReport,
+        report: &mut LadderMigrationReport,
     ) -> Result<u64, OpsError> {
         let timeout = self.republisher.timeout;
         let qos = self.channel.basic_qos(WINDOW, BasicQosOptions::default());
@@ -200,7 +200,7 @@ impl QueueDrain<'_> {
         &self,
         pending: &mut VecDeque<InFlight>,
         n: usize,
-        report: &mut MigrationReport,
+        report: &mut LadderMigrationReport,
     ) -> Result<(), OpsError> {
         let timeout = self.republisher.timeout;
         let mut last = None;

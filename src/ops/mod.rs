@@ -6,7 +6,7 @@
 //! - `status`: [`Status`]: the ladder, due, parked, outbox and overdue orders
 //!   in one look; its text and its stable JSON.
 //! - `parked`: [`Parked`]: list, replay and purge `P.parked`.
-//! - `migrate`: [`LadderMigration`]: an old ladder's messages (on this
+//! - `ladder_migrate`: [`LadderMigration`]: an old ladder's messages (on this
 //!   broker or another) into the current one, while both are in use.
 //! - `drain`: one old queue consumed with a window of publisher confirms.
 //! - `republish`: one message into the current ladder for its remaining
@@ -14,13 +14,13 @@
 
 mod admin;
 mod drain;
-mod migrate;
+mod ladder_migrate;
 mod parked;
 mod republish;
 mod status;
 
 pub use self::admin::{OpsError, QueueState};
-pub use self::migrate::{LadderMigration, MigrationRefused, MigrationReport};
+pub use self::ladder_migrate::{LadderMigration, LadderMigrationRefused, LadderMigrationReport};
 pub use self::parked::{Parked, ParkedMessage, ReplayReport, ReplaySelection};
 pub use self::status::{
     ClockStatus, DueStatus, LevelStatus, OrdersStatus, OutboxStatus, ParkedStatus, STATUS_VERSION,

@@ -11,6 +11,7 @@
 //! - `http`: `/healthz`, `/readyz`, `/metrics`.
 //! - `clock`: this host's offset from the reference clock (the order database's,
 //!   the order service's), measured; [`Clock`], corrected by it.
+//! - `migrations`: the default schema, `migrations/*.sql`, for `migrate`.
 //! - `backoff`: exponential backoff for reconnects and retries.
 //! - `shutdown`: SIGTERM / Ctrl-C → cancellation token.
 
@@ -28,6 +29,7 @@ mod backoff;
 pub(crate) mod clock;
 mod consumer;
 mod http;
+mod migrations;
 mod orders;
 mod outbox;
 mod overdue;
@@ -39,12 +41,22 @@ pub use self::action::{
     Expiring, HttpAction, PaymentCheck,
 };
 pub use self::app::{Service, ServiceError};
-pub use self::consumer::{
-    Arrival, BundlePart, Consumer, ConsumerError, Handled, Outcome, on_arrival,
-};
+pub use self::consumer::{Consumer, ConsumerError, Handled, Outcome};
 pub use self::http::{OutboxState, Readiness};
-pub use self::orders::{Disposition, FailureClass, OrderStore, PgOrderStore, StoreError, classify};
-pub use self::outbox::{Relay, RelayError, Relayed, Round};
+pub use self::orders::{
+    Disposition, OrderStore, PgOrderStore, PoolError, PooledClient, StoreError,
+};
+pub use self::outbox::{Relay, RelayError};
 pub use self::shutdown::shutdown_on_signal;
 pub use self::sweeper::Sweeper;
 pub use crate::clock::Clock;
+
+// What the benchmarks and tests drive directly and users do not import: public
+// so that the workspace members can reach it, hidden from the documentation,
+// and free to change with any release.
+#[doc(hidden)]
+pub use self::consumer::{Arrival, BundlePart, on_arrival};
+#[doc(hidden)]
+pub use self::orders::{FailureClass, classify};
+#[doc(hidden)]
+pub use self::outbox::{Relayed, Round};

@@ -11,4 +11,8 @@ pub(crate) use self::catalog::*;
 #[cfg(feature = "service")]
 pub(crate) use self::recorder::metrics_handle;
 #[cfg(feature = "service")]
-pub use self::subscriber::{init_tracing, init_tracing_for_tests};
+pub use self::subscriber::init_tracing;
+/// For the tests of this workspace (output only with `TEST_LOG`); not for users.
+#[cfg(feature = "service")]
+#[doc(hidden)]
+pub use self::subscriber::init_tracing_for_tests;

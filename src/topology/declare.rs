@@ -1,5 +1,5 @@
-//! Declaring the [`Topology`] on a broker (and removing a throw-away one), every
-//! call bounded by `amqp.timeout_ms`.
+//! Declaring the [`Topology`] on a broker, every call bounded by
+//! `amqp.timeout_ms`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -12,7 +12,7 @@ use lapin::{Channel, Connection, ExchangeKind};
 use thiserror::Error;
 
 use super::describe::{
-    Arg, Binding, Destination, Exchange, ExchangeType, PLACEMENT_ARGS, Queue, Topology,
+    Arg, Binding, Destination, Exchange, ExchangeType, PLACEMENT_ARGS, Topology,
 };
 use super::guard;
 use super::ladder::LadderError;
@@ -126,7 +126,7 @@ impl Topology {
     /// other difference is an error, as with [`Self::apply`]. The broker
     /// answers a re-declare with other arguments by closing the channel, so a
     /// fresh one is opened after each such answer; the last is closed at the end.
-    pub async fn apply_on(
+    pub(crate) async fn apply_on(
         &self,
         connection: &Connection,
         timeout: Duration,
@@ -189,44 +189,27 @@ impl Topology {
         Ok(kept)
     }
 
-    /// Declares everything on `channel`. Idempotent: declaring an existing object
-    /// with the same arguments is a no-op on the broker.
-    pub async fn apply(&self, channel: &Channel, timeout: Duration) -> Result<(), BrokerError> {
-        for exchange in &self.exchanges {
-            declare_exchange(channel, exchange, timeout).await?;
-        }
-        for queue in &self.queues {
-            declare_queue(channel, queue, timeout).await?;
-        }
-        for binding in &self.bindings {
-            bind(channel, binding, timeout).await?;
-        }
-        Ok(())
-    }
-
-    /// Deletes every queue (with its messages) and exchange of this topology,
-    /// best effort: what is already gone or cannot be deleted is skipped. For
-    /// benchmarks and tests that made a throw-away topology; never run by the
-    /// service. Returns how many deletions failed.
-    pub async fn remove(&self, channel: &Channel, timeout: Duration) -> usize {
-        let mut failed = 0;
-        for q in &self.queues {
-            let deleting = channel.queue_delete(q.name.as_str().into(), Default::default());
-            failed += usize::from(
-                amqp::bounded("queue.delete", timeout, deleting)
-                    .await
-                    .is_err(),
-            );
-        }
-        for e in &self.exchanges {
-            let deleting = channel.exchange_delete(e.name.as_str().into(), Default::default());
-            failed += usize::from(
-                amqp::bounded("exchange.delete", timeout, deleting)
-                    .await
-                    .is_err(),
-            );
-        }
-        failed
+    /// Connects with `settings` (as `connection_name`), declares this topology
+    /// and disconnects; returns the queues kept with other placement arguments
+    /// ([`KeptQueue`]). Idempotent: declaring an existing object with the same
+    /// arguments is a no-op on the broker. [`Self::declare`] describes the
+    /// topology of `settings` itself and checks its level count first.
+    pub async fn apply(
+        &self,
+        settings: &Settings,
+        connection_name: &str,
+    ) -> Result<Vec<KeptQueue>, TopologyError> {
+        let timeout = settings.amqp.timeout;
+        let tls = TlsFiles::from_settings(&settings.amqp);
+        let connection = amqp::connect(&settings.amqp.url, &tls, connection_name, timeout).await?;
+        let declared = self.apply_on(&connection, timeout).await;
+        let _ = amqp::bounded(
+            "connection.close",
+            timeout,
+            connection.close(200, "declared".into()),
+        )
+        .await;
+        Ok(declared?)
     }
 }
 
@@ -246,14 +229,6 @@ async fn declare_exchange(
     let name = exchange.name.as_str();
     let declaring = channel.exchange_declare(name.into(), kind, options, FieldTable::default());
     amqp::bounded(format!("declaring exchange {name}"), timeout, declaring).await
-}
-
-async fn declare_queue(
-    channel: &Channel,
-    queue: &Queue,
-    timeout: Duration,
-) -> Result<(), BrokerError> {
-    declare_queue_with(channel, &queue.name, &queue.arguments, timeout).await
 }
 
 async fn declare_queue_with(

@@ -133,6 +133,11 @@ impl Topology {
     pub fn queue_names(&self) -> impl Iterator<Item = &str> {
         self.queues.iter().map(|q| q.name.as_str())
     }
+
+    /// The names of every exchange, in declaration order.
+    pub fn exchange_names(&self) -> impl Iterator<Item = &str> {
+        self.exchanges.iter().map(|e| e.name.as_str())
+    }
 }
 
 impl fmt::Display for Topology {

@@ -46,7 +46,7 @@ impl Drop for Users {
 #[test]
 fn the_dev_users_file_holds_the_documented_passwords() {
     let mut passwords = url_passwords(&repo_file("docker-compose.yml"));
-    passwords.extend(url_passwords(&repo_file("deploy/README.md")));
+    passwords.extend(url_passwords(&repo_file("docs/src/operating/deploy.md")));
     let file: Value =
         serde_json::from_str(&repo_file("deploy/rabbitmq/20-dev-users.json")).unwrap();
     let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
@@ -69,7 +69,7 @@ fn the_dev_users_file_holds_the_documented_passwords() {
     for name in &imported.0 {
         let documented = name.strip_suffix(&format!("-{suffix}")).unwrap();
         let password = passwords.get(documented).unwrap_or_else(|| {
-            panic!("no URL in docker-compose.yml or deploy/README.md uses {documented}")
+            panic!("no URL in docker-compose.yml or docs/src/operating/deploy.md uses {documented}")
         });
         let out = std::process::Command::new("rabbitmqctl")
             .args(["-q", "authenticate_user", name, password])

@@ -7,7 +7,7 @@ use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Confirmation};
 use order_expiry::{Settings, publisher::ExpiryMessage, topology::Topology};
-use order_expiry_testkit::message;
+use order_expiry_testkit::{message, remove_topology};
 
 /// Settings of the naive design's due and parked queues: the world's, with
 /// prefix `<prefix>-naive`.
@@ -27,7 +27,7 @@ pub(super) fn hold_queue(naive: &Settings) -> String {
 pub(super) async fn declare(channel: &Channel, naive: &Settings) -> anyhow::Result<()> {
     let ladder = naive.ladder()?;
     Topology::consumer_part(&ladder, &naive.topology)
-        .apply(channel, naive.amqp.timeout)
+        .apply(naive, "order-expiry-bench naive")
         .await?;
     let mut args = FieldTable::default();
     args.insert(
@@ -44,9 +44,8 @@ pub(super) async fn declare(channel: &Channel, naive: &Settings) -> anyhow::Resu
 /// Deletes what [`declare`] made.
 pub(super) async fn remove(channel: &Channel, naive: &Settings) {
     if let Ok(ladder) = naive.ladder() {
-        Topology::consumer_part(&ladder, &naive.topology)
-            .remove(channel, naive.amqp.timeout)
-            .await;
+        let topology = Topology::consumer_part(&ladder, &naive.topology);
+        remove_topology(channel, &topology, naive.amqp.timeout).await;
     }
     let hold = hold_queue(naive);
     let _ = channel

@@ -9,6 +9,7 @@
 //! - `postgres`: [`PgOrderStore`], every call bounded by `database.query_timeout_ms`.
 
 mod failure;
+mod pooled;
 mod postgres;
 
 use std::collections::{HashMap, HashSet};
@@ -18,6 +19,7 @@ use chrono::{DateTime, Utc};
 use thiserror::Error;
 
 pub use self::failure::{FailureClass, classify};
+pub use self::pooled::{PoolError, PooledClient};
 pub use self::postgres::PgOrderStore;
 pub(crate) use self::postgres::connect_config;
 use crate::clock::Clock;
@@ -50,10 +52,10 @@ pub enum StoreError {
     /// No connection from the pool (the database is down, or every connection
     /// is busy for longer than `database.acquire_timeout_ms`).
     #[error("no database connection: {0}")]
-    Pool(#[from] deadpool_postgres::PoolError),
+    Pool(#[source] PoolError),
     /// The pool cannot be built from the settings.
     #[error("database pool: {0}")]
-    Build(#[from] deadpool_postgres::BuildError),
+    Build(#[source] PoolError),
     /// A statement failed (the server's error, or the connection's).
     #[error("database statement failed: {0}")]
     Query(#[from] tokio_postgres::Error),

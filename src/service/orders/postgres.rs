@@ -16,30 +16,11 @@ use secrecy::ExposeSecret;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row, Statement};
 
-use super::{Disposition, Existing, OrderStore, StoreError, dispositions};
+use super::{Disposition, Existing, OrderStore, PooledClient, StoreError, dispositions};
 use crate::clock::Clock;
 use crate::publisher::ExpiryMessage;
-use crate::service::outbox::OUTBOX_SCHEMA_SQL;
+use crate::service::migrations::migration_sql;
 use crate::settings::{DatabaseSettings, Settings, redact_url, scrub_url};
-
-/// The default table, as in the public contract, and the partial index the
-/// sweeper and the overdue gauge read (only unpaid orders are in it, so a sweep
-/// every second reads the few that are overdue, not the whole table). `migrate`
-/// runs it.
-pub(crate) const SCHEMA_SQL: &str = "CREATE TABLE IF NOT EXISTS orders (
-  id           text PRIMARY KEY,
-  status       text NOT NULL DEFAULT 'unpaid' CHECK (status IN ('unpaid','paid','cancelled')),
-  created_at   timestamptz NOT NULL DEFAULT now(),
-  pay_deadline timestamptz,
-  paid_at      timestamptz,
-  cancelled_at timestamptz
-);
-CREATE INDEX IF NOT EXISTS orders_unpaid_pay_deadline ON orders (pay_deadline) WHERE status = 'unpaid'";
-
-/// Everything `migrate` runs: the orders table, then the outbox.
-pub(crate) fn migration_sql() -> String {
-    format!("{SCHEMA_SQL};\n{OUTBOX_SCHEMA_SQL}")
-}
 
 /// [`OrderStore`] on PostgreSQL.
 #[derive(Clone)]
@@ -112,8 +93,8 @@ impl PgOrderStore {
 
     /// A pooled connection for order-side SQL the store does not cover: the
     /// demo's and the tests' own queries.
-    pub async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {
-        Ok(self.pool.get().await?)
+    pub async fn client(&self) -> Result<PooledClient, StoreError> {
+        Ok(PooledClient::new(self.pool.get().await?))
     }
 
     /// Creates the default `orders` table and the outbox
@@ -452,27 +433,4 @@ fn pool(settings: &DatabaseSettings) -> Result<Pool, StoreError> {
         .recycle_timeout(Some(settings.connect_timeout))
         .runtime(deadpool_postgres::Runtime::Tokio1)
         .build()?)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn normalized(sql: &str) -> String {
-        let without_comments: Vec<&str> = sql
-            .lines()
-            .map(|line| line.split("--").next().unwrap_or(""))
-            .collect();
-        let text = without_comments.join(" ");
-        let words: Vec<&str> = text.split_whitespace().collect();
-        words.join(" ").trim_end_matches(';').trim().to_owned()
-    }
-
-    /// The compose stack's PostgreSQL creates the tables `migrate` creates.
-    #[test]
-    fn deploy_init_sql_is_the_migration() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/postgres/init.sql");
-        let init = std::fs::read_to_string(path).unwrap();
-        assert_eq!(normalized(&init), normalized(&migration_sql()));
-    }
 }

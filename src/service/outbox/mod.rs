@@ -15,7 +15,8 @@
 //! `outbox.poll_interval_ms` as a fallback, and goes on at once while rounds
 //! come back full.
 //!
-//! - [`schema`]: the tables and trigger `migrate` creates.
+//! - `schema`: the channel its trigger notifies (the tables and the trigger:
+//!   `migrations/0002_outbox.sql`).
 //! - [`connection`]: the relay's own listening connection and its statements.
 //! - [`round`]: what a publish result means for its row (pure).
 //! - [`report`]: what a committed round reports: metrics, logs, the observer.
@@ -38,7 +39,6 @@ use self::connection::RelayConnection;
 pub use self::report::Relayed;
 use self::report::report;
 use self::round::{RowFate, fate};
-pub(crate) use self::schema::OUTBOX_SCHEMA_SQL;
 use super::backoff::Backoff;
 use super::http::{OutboxState, Readiness};
 use super::orders::{StoreError, connect_config};

@@ -51,7 +51,7 @@ pub use self::services::{
 };
 pub use self::subscriber::{Received, Subscriber};
 pub use self::tls_front::TlsFront;
-pub use self::world::{OrderRow, TEST_LEVELS, World, WorldBuilder};
+pub use self::world::{OrderRow, TEST_LEVELS, World, WorldBuilder, remove_topology};
 
 /// A message for `order_id` due at `due_at`; panics on an invalid id.
 pub fn message(

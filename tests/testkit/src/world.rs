@@ -429,7 +429,7 @@ impl World {
     pub async fn cleanup(self) {
         if let Some(channel) = self.link_channel(Duration::ZERO).await {
             for topology in self.declared.lock().await.iter() {
-                topology.remove(&channel, self.removal_timeout).await;
+                remove_topology(&channel, topology, self.removal_timeout).await;
             }
         }
         if let Some((connection, _)) = self.link.lock().await.take() {
@@ -442,6 +442,29 @@ impl World {
             let _ = client.batch_execute(&drop).await;
         }
     }
+}
+
+/// Deletes every queue (with its messages) and exchange of `topology` on
+/// `channel`, best effort: what is already gone or cannot be deleted is
+/// skipped. For the throw-away topologies of tests and benchmarks. Returns how
+/// many deletions failed.
+pub async fn remove_topology(channel: &Channel, topology: &Topology, timeout: Duration) -> usize {
+    let mut failed = 0;
+    for queue in topology.queue_names() {
+        let deleting = channel.queue_delete(queue.into(), Default::default());
+        failed += usize::from(!matches!(
+            tokio::time::timeout(timeout, deleting).await,
+            Ok(Ok(_))
+        ));
+    }
+    for exchange in topology.exchange_names() {
+        let deleting = channel.exchange_delete(exchange.into(), Default::default());
+        failed += usize::from(!matches!(
+            tokio::time::timeout(timeout, deleting).await,
+            Ok(Ok(()))
+        ));
+    }
+    failed
 }
 
 /// One row of the orders table.

@@ -1,18 +1,14 @@
--- Run once by the postgres image on an empty data directory
--- (mounted into /docker-entrypoint-initdb.d by docker-compose.yml).
--- The default orders table of the public contract and the transactional outbox;
--- `order-expiry migrate` runs the same statements (SCHEMA_SQL in
--- src/service/orders/postgres.rs, OUTBOX_SCHEMA_SQL in
--- src/service/outbox/schema.rs), and a unit test fails if the two differ.
-CREATE TABLE IF NOT EXISTS orders (
-  id           text PRIMARY KEY,
-  status       text NOT NULL DEFAULT 'unpaid' CHECK (status IN ('unpaid','paid','cancelled')),
-  created_at   timestamptz NOT NULL DEFAULT now(),
-  pay_deadline timestamptz,
-  paid_at      timestamptz,
-  cancelled_at timestamptz
-);
-CREATE INDEX IF NOT EXISTS orders_unpaid_pay_deadline ON orders (pay_deadline) WHERE status = 'unpaid';
+-- The transactional outbox.
+--
+-- - order_expiry_outbox: the contract's table. An order service inserts
+--   (order_id, due_at) in the transaction that creates the order.
+-- - order_expiry_outbox_rejected: rows the relay can never publish (an invalid
+--   order id, a due time beyond the ladder), moved there in the same
+--   transaction that deletes them, with the reason. Nothing is dropped.
+-- - A statement-level AFTER INSERT trigger that notifies the channel
+--   order_expiry_outbox (the relay LISTENs on it) with the table's schema as
+--   payload, so the relay wakes at once; at most one notification per
+--   transaction reaches it (PostgreSQL folds identical ones).
 CREATE TABLE IF NOT EXISTS order_expiry_outbox (
   id         bigserial PRIMARY KEY,
   order_id   text NOT NULL,

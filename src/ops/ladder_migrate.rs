@@ -37,7 +37,7 @@ use crate::topology::Ladder;
 
 /// What a migration did (or, dry, would find).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MigrationReport {
+pub struct LadderMigrationReport {
     /// Messages found in each old queue at the start: (queue, messages;
     /// `None` when it does not exist).
     pub found: Vec<(String, Option<u32>)>,
@@ -56,7 +56,7 @@ pub struct MigrationReport {
     pub elapsed: Duration,
 }
 
-impl MigrationReport {
+impl LadderMigrationReport {
     /// Messages found at the start, in the queues that exist.
     pub fn found_total(&self) -> u64 {
         self.found
@@ -100,7 +100,7 @@ impl std::fmt::Debug for LadderMigration {
 /// Why a migration cannot start.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum MigrationRefused {
+pub enum LadderMigrationRefused {
     /// The old ladder is the current one.
     #[error(
         "the old ladder is the current one ({0} levels under prefix {1} on this broker and vhost); give --from-prefix, or --from-url for another broker"
@@ -167,10 +167,10 @@ impl LadderMigration {
         if migration.from.prefix() == to.prefix() {
             let refused = match migration.same_broker().await {
                 Ok(false) => None,
-                Ok(true) if migration.from.levels() == to.levels() => {
-                    Some(MigrationRefused::Same(to.levels(), to.prefix().to_owned()))
-                }
-                Ok(true) => Some(MigrationRefused::SharedPrefix {
+                Ok(true) if migration.from.levels() == to.levels() => Some(
+                    LadderMigrationRefused::Same(to.levels(), to.prefix().to_owned()),
+                ),
+                Ok(true) => Some(LadderMigrationRefused::SharedPrefix {
                     prefix: to.prefix().to_owned(),
                     old: migration.from.levels(),
                     new: to.levels(),
@@ -227,11 +227,11 @@ impl LadderMigration {
     }
 
     /// Moves everything (see the module docs).
-    pub async fn run(&mut self) -> Result<MigrationReport, OpsError> {
+    pub async fn run(&mut self) -> Result<LadderMigrationReport, OpsError> {
         let start = Instant::now();
-        let mut report = MigrationReport {
+        let mut report = LadderMigrationReport {
             found: self.count().await?,
-            ..MigrationReport::default()
+            ..LadderMigrationReport::default()
         };
         let republisher = self.republisher().await?;
         let result = self.until_empty(&republisher, &mut report).await;
@@ -250,7 +250,7 @@ impl LadderMigration {
     /// meanwhile; then its queues, each once it is empty (quorum queues do
     /// not take `if-empty`). Its parked queue stays. Returns what was deleted
     /// and what that last migration moved.
-    pub async fn delete_old(&mut self) -> Result<(Vec<String>, MigrationReport), OpsError> {
+    pub async fn delete_old(&mut self) -> Result<(Vec<String>, LadderMigrationReport), OpsError> {
         let timeout = self.source.timeout;
         let mut deleted = Vec::new();
         let mut exchanges: Vec<String> = (0..self.from.levels())
@@ -305,7 +305,7 @@ impl LadderMigration {
     async fn until_empty(
         &mut self,
         republisher: &Republisher,
-        report: &mut MigrationReport,
+        report: &mut LadderMigrationReport,
     ) -> Result<(), OpsError> {
         let mut empty_passes = 0;
         while empty_passes < 2 {
@@ -338,7 +338,7 @@ impl LadderMigration {
         queue: &str,
         carry: Carry,
         republisher: &Republisher,
-        report: &mut MigrationReport,
+        report: &mut LadderMigrationReport,
     ) -> Result<u64, OpsError> {
         let Some(state) = self.source.queue(queue).await? else {
             return Ok(0);
