@@ -4,8 +4,10 @@
 //! A call that finds a free slot and nobody waiting publishes its order alone
 //! (v1), at once: at low load nothing changes. Otherwise it joins the queue,
 //! and whichever waiting call gets the next slot takes the oldest live waiter
-//! and every later one whose order takes the same route through the ladder,
-//! up to `publisher.bundle_max_orders` and `publisher.bundle_max_bytes`. The
+//! and every later one whose order takes the same route through the ladder
+//! and falls due within `publisher.bundle_span_ms` of it (the consumer
+//! settles a bundle's orders in one pass, at the latest one's due time), up
+//! to `publisher.bundle_max_orders` and `publisher.bundle_max_bytes`. The
 //! route is computed when the slot is taken, never before the wait, so a
 //! waiter never enters the ladder with a delay older than its wait.
 
@@ -45,6 +47,8 @@ pub(super) struct Bundle {
 pub(super) struct Limits {
     pub(super) max_orders: usize,
     pub(super) max_bytes: usize,
+    /// The most the due times of one bundle's orders may differ.
+    pub(super) span: Duration,
 }
 
 /// Calls waiting for a slot: oldest first, and by the time each may be
@@ -74,6 +78,12 @@ impl Waiting {
         self.by_time
             .insert((waiter.message.process_at(), waiter.id));
         self.by_id.insert(waiter.id, waiter);
+    }
+
+    /// Every waiter, oldest first; none is left waiting.
+    pub(super) fn take_all(&mut self) -> Vec<Waiter> {
+        self.by_time.clear();
+        std::mem::take(&mut self.by_id).into_values().collect()
     }
 
     /// Takes waiter `id` back, if no slot took it yet (its call failed to
@@ -113,6 +123,15 @@ impl Waiting {
         let mut chosen: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut dropped: Vec<u64> = Vec::new();
         let (from, until) = same_second(route.delay_secs, lead, now);
+        // Within the span: half of it on either side of the first's time.
+        let first_at = first.message.process_at();
+        let half = TimeDelta::from_std(limits.span / 2).unwrap_or(TimeDelta::MAX);
+        let from = from.max(first_at.checked_sub_signed(half).unwrap_or(from));
+        let until = until.min(
+            first_at
+                .checked_add_signed(half + TimeDelta::nanoseconds(1))
+                .unwrap_or(until),
+        );
         for (_, id) in self.by_time.range((from, 0)..(until, 0)) {
             if chosen.len() + 1 >= limits.max_orders {
                 break;
@@ -188,10 +207,13 @@ mod tests {
 
     const LEAD: Duration = Duration::from_millis(300);
 
+    /// Bundles of up to `max_orders`, their due times limited only by the
+    /// route's second.
     fn limits(max_orders: usize) -> Limits {
         Limits {
             max_orders,
             max_bytes: 16384,
+            span: Duration::from_secs(2),
         }
     }
 
@@ -273,6 +295,34 @@ mod tests {
     }
 
     #[test]
+    fn a_bundle_holds_only_orders_due_within_its_span() {
+        let now = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+        let mut waiting = Waiting::default();
+        let mut replies = Vec::new();
+        // All 5 s through the ladder; the first is due at 5.500 s.
+        for (id, ms) in [(0, 5_500), (1, 5_502), (2, 5_498), (3, 5_503), (4, 5_900)] {
+            let (w, rx) = waiter(id, now + TimeDelta::milliseconds(ms));
+            waiting.push(w);
+            replies.push(rx);
+        }
+        let five_ms = Limits {
+            span: Duration::from_millis(5),
+            ..limits(100)
+        };
+        let bundle = waiting.take_bundle(&ladder(), LEAD, five_ms, now).unwrap();
+        assert_eq!(ids(&bundle), [0, 1, 2], "5.498-5.502 s: within 5 ms");
+        let times: Vec<_> = bundle
+            .members
+            .iter()
+            .map(|(w, _)| w.message.due_at)
+            .collect();
+        let spread = *times.iter().max().unwrap() - *times.iter().min().unwrap();
+        assert!(spread <= TimeDelta::milliseconds(5), "{spread}");
+        let next = waiting.take_bundle(&ladder(), LEAD, five_ms, now).unwrap();
+        assert_eq!(ids(&next), [3], "5.503 s alone: 4 is 397 ms later");
+    }
+
+    #[test]
     fn a_bundle_stops_at_its_order_and_byte_limits() {
         let now = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
         let mut waiting = Waiting::default();
@@ -288,8 +338,8 @@ mod tests {
         assert_eq!(ids(&bundle), [0, 1, 2, 3]);
         let entry = bundle.members[0].1.len();
         let two = Limits {
-            max_orders: 100,
             max_bytes: ENVELOPE_BYTES + 2 * entry + 1,
+            ..limits(100)
         };
         let bundle = waiting.take_bundle(&ladder(), LEAD, two, now).unwrap();
         assert_eq!(ids(&bundle), [4, 5]);

@@ -2,10 +2,11 @@
 //! and decoding of every version the consumer knows (v2, a bundle of such
 //! orders, is in `bundle.rs`).
 //!
-//! Three optional fields are written only by the consumer, when it sends a
+//! Four optional fields are written only by the consumer, when it sends a
 //! message through the ladder again (a payment still pending at the gateway, an
-//! order not found yet): `check_step`, `unknown_rechecks` and `not_before`. A
-//! message without them is step 0, never re-checked, due at `due_at`; a consumer
+//! order not found yet, an action that kept failing): `attempts`,
+//! `check_step`, `unknown_rechecks` and `not_before`. A message without them
+//! was never tried, is step 0, never re-checked, due at `due_at`; a consumer
 //! that does not know them ignores them (unknown fields are ignored) and treats
 //! the message as an ordinary due one.
 //!
@@ -40,6 +41,10 @@ pub struct ExpiryMessage {
     /// A message sent through the ladder again is not processed before this
     /// instant (`not_before`); `None`: at `due_at`.
     pub not_before: Option<DateTime<Utc>>,
+    /// How many times the action already failed for it (`attempts`; 0 when
+    /// absent): a failing order goes back through the ladder with its
+    /// backoff, and this picks the next delay.
+    pub attempts: u32,
 }
 
 /// Why a body is not a message we can ever process. The `Display` text is the
@@ -132,6 +137,7 @@ impl ExpiryMessage {
             check_step: 0,
             unknown_rechecks: 0,
             not_before: None,
+            attempts: 0,
         }
     }
 
@@ -169,10 +175,12 @@ impl ExpiryMessage {
         let due_at = self.due_at.to_rfc3339_opts(SecondsFormat::Millis, true);
         // Keys in sorted order; the optional ones only when set, so that what
         // the publisher writes is exactly the contract's three fields.
+        body.push(b'{');
+        if self.attempts > 0 {
+            let _ = write!(body, "\"attempts\":{},", self.attempts);
+        }
         if self.check_step > 0 {
-            let _ = write!(body, "{{\"check_step\":{},", self.check_step);
-        } else {
-            body.push(b'{');
+            let _ = write!(body, "\"check_step\":{},", self.check_step);
         }
         body.extend_from_slice(b"\"due_at\":\"");
         body.extend_from_slice(due_at.as_bytes());
@@ -233,6 +241,7 @@ impl ExpiryMessage {
             check_step: count_field(fields, "check_step")?,
             unknown_rechecks: count_field(fields, "unknown_rechecks")?,
             not_before,
+            attempts: count_field(fields, "attempts")?,
         })
     }
 }

@@ -21,6 +21,8 @@ mod outbox;
 mod scheduler;
 
 pub use self::bundle::{BadEntry, DueMessage};
+#[cfg_attr(not(feature = "service"), allow(unused_imports))]
+pub(crate) use self::bundle::{encode_bundle, encode_entry};
 #[cfg(feature = "outbox")]
 pub use self::database_error::DatabaseError;
 pub use self::error::ScheduleError;
@@ -28,6 +30,5 @@ pub use self::message::{ExpiryMessage, Malformed};
 pub use self::order_id::{InvalidOrderId, OrderId};
 #[cfg(feature = "outbox")]
 pub use self::outbox::{OUTBOX_INSERT_SQL, OutboxEntry, OutboxError};
-#[cfg_attr(not(feature = "service"), allow(unused_imports))]
-pub(crate) use self::scheduler::Outgoing;
+pub(crate) use self::scheduler::{Outgoing, remaining_route};
 pub use self::scheduler::{Scheduled, Scheduler};

@@ -132,6 +132,7 @@ impl Scheduler {
             bundles: Limits {
                 max_orders: settings.publisher.bundle_max_orders.max(1),
                 max_bytes: settings.publisher.bundle_max_bytes,
+                span: settings.publisher.bundle_span,
             },
             waiting: Mutex::new(Waiting::default()),
             next_waiter: AtomicU64::new(0),
@@ -427,6 +428,19 @@ impl Scheduler {
         }
     }
 
+    /// The broker let a confirm time out: every call still waiting for a
+    /// slot fails now with the same error (nothing of theirs was published),
+    /// instead of waiting its turn to time out too. Under Nagle's rule the
+    /// bundles that are not full leave one at a time, so a broker that stopped
+    /// answering would otherwise fail a queue of them one timeout each.
+    fn fail_waiting(&self, error: &BrokerError) {
+        let waiters = self.waiting().take_all();
+        for waiter in waiters {
+            let failed = PublishFailed::Broker(error.clone());
+            let _ = waiter.reply.send(Err(failed.into()));
+        }
+    }
+
     fn waiting(&self) -> std::sync::MutexGuard<'_, Waiting> {
         // The lock is never held across an await, and nothing panics inside it.
         self.waiting
@@ -519,6 +533,9 @@ impl Scheduler {
                 // later): the next call opens a fresh one.
                 let timed_out = matches!(error, BrokerError::Timeout { .. });
                 self.link.forget(channel, link_id, timed_out).await;
+                if timed_out {
+                    self.fail_waiting(&error);
+                }
                 if let BrokerError::Failed { source, .. } = &error
                     && amqp::is_not_found(source)
                 {
@@ -582,7 +599,7 @@ pub(super) fn remaining_secs(message: &ExpiryMessage, lead: Duration, now: DateT
 }
 
 /// Its route through `ladder` (see [`remaining_secs`]).
-pub(super) fn remaining_route(
+pub(crate) fn remaining_route(
     message: &ExpiryMessage,
     ladder: &Ladder,
     lead: Duration,

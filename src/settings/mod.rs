@@ -154,6 +154,11 @@ pub struct PublisherSettings {
     /// Largest bundle body, in bytes: at most the consumers'
     /// `consumer.max_body_bytes`, which parks larger bodies unread.
     pub bundle_max_bytes: usize,
+    /// The most the due times of one bundle's orders may differ
+    /// (`bundle_span_ms`): the consumer settles a bundle in one pass, at its
+    /// latest order's due time.
+    #[serde(rename = "bundle_span_ms", with = "millis")]
+    pub bundle_span: Duration,
 }
 
 impl PublisherSettings {
@@ -183,6 +188,12 @@ pub struct ConsumerSettings {
     /// Longest retry delay (`retry_max_ms`).
     #[serde(rename = "retry_max_ms", with = "millis")]
     pub retry_max: Duration,
+    /// Tries a failing order is retried held (unacked, in memory) before it
+    /// leaves its delivery through the ladder (`held_retries`).
+    pub held_retries: u32,
+    /// Longest a failing order is retried held (`held_retry_ms`).
+    #[serde(rename = "held_retry_ms", with = "millis")]
+    pub held_retry: Duration,
     /// Bound on the drain at shutdown (`drain_timeout_ms`).
     #[serde(rename = "drain_timeout_ms", with = "millis")]
     pub drain_timeout: Duration,

@@ -157,32 +157,7 @@ impl Settings {
         positive("consumer.batch_max", c.batch_max as u64)?;
         positive("consumer.batch_concurrency", c.batch_concurrency as u64)?;
         positive("consumer.max_body_bytes", c.max_body_bytes as u64)?;
-        // This service's own outbox relay publishes bundles its consumers must
-        // read whole.
-        if self.publisher.bundle_max_bytes > c.max_body_bytes {
-            return invalid(
-                "publisher.bundle_max_bytes",
-                format!(
-                    "{} is more than consumer.max_body_bytes ({}): bundles that large would be parked unread",
-                    self.publisher.bundle_max_bytes, c.max_body_bytes
-                ),
-            );
-        }
-        // The ladder delivers up to 1 s (its whole seconds) plus the lead before
-        // due_at (a bundle's lead, the longer): a hold limit at or below that
-        // parks every ladder message.
-        let earliest = self.publisher.bundle_lead() + Duration::from_secs(1);
-        if c.max_hold <= earliest {
-            return invalid(
-                "consumer.max_hold_ms",
-                format!(
-                    "{} ms is not more than publisher.bundle_lead_ms (or lead_ms, the longer) + 1 s ({} ms): \
-                     messages arrive up to that early, and every one would be parked as far too early",
-                    c.max_hold.as_millis(),
-                    earliest.as_millis()
-                ),
-            );
-        }
+        positive("consumer.held_retries", u64::from(c.held_retries))?;
         backoff(
             "consumer.retry_initial_ms",
             c.retry_initial,
@@ -325,6 +300,37 @@ impl Settings {
             return invalid(
                 "publisher.bundle_max_bytes",
                 format!("must be at least {MAX_V1_BYTES} (the largest message of one order)"),
+            );
+        }
+        // What the consumers would park: checked here too, so that an order
+        // service that links the library is refused at start, not its orders
+        // parked. Its `consumer.*` are the defaults unless it sets them as
+        // serve does.
+        let c = &self.consumer;
+        positive("consumer.max_body_bytes", c.max_body_bytes as u64)?;
+        if p.bundle_max_bytes > c.max_body_bytes {
+            return invalid(
+                "publisher.bundle_max_bytes",
+                format!(
+                    "{} is more than consumer.max_body_bytes ({}): bundles that large would be parked \
+                     unread by the consumers (set both alike, here and in serve's settings)",
+                    p.bundle_max_bytes, c.max_body_bytes
+                ),
+            );
+        }
+        // The ladder delivers up to 1 s (its whole seconds) plus the lead before
+        // due_at (a bundle's lead, the longer): a hold limit at or below that
+        // parks every ladder message.
+        let earliest = p.bundle_lead() + Duration::from_secs(1);
+        if c.max_hold <= earliest {
+            return invalid(
+                "consumer.max_hold_ms",
+                format!(
+                    "{} ms is not more than publisher.bundle_lead_ms (or lead_ms, the longer) + 1 s ({} ms): \
+                     messages arrive up to that early, and every one would be parked as far too early",
+                    c.max_hold.as_millis(),
+                    earliest.as_millis()
+                ),
             );
         }
         Ok(())
@@ -672,6 +678,23 @@ mod tests {
             assert!(error.to_string().contains(reason), "{key}: {error}");
             assert!(!error.to_string().contains('\n'), "one line: {error}");
         }
+    }
+
+    /// An order service configured apart from its consumers is refused at
+    /// start, with the key and the reason, instead of having its bundles
+    /// parked whole.
+    #[test]
+    fn the_publisher_refuses_what_its_consumers_would_park() {
+        let mut settings = Settings::default();
+        settings.publisher.bundle_max_bytes = 65_536;
+        let error = settings.validate_publisher().unwrap_err();
+        assert_eq!(error.key, "publisher.bundle_max_bytes");
+        assert!(error.to_string().contains("parked unread"), "{error}");
+        let mut settings = Settings::default();
+        settings.publisher.bundle_lead_at_least = Duration::from_secs(40);
+        let error = settings.validate_publisher().unwrap_err();
+        assert_eq!(error.key, "consumer.max_hold_ms");
+        assert!(error.to_string().contains("far too early"), "{error}");
     }
 
     #[test]

@@ -50,7 +50,7 @@ pub(crate) const MESSAGES_TOTAL: Metric = Metric {
     ..metric(
         "order_expiry_messages_total",
         Kind::Counter,
-        "Due messages handled, by outcome: cancelled, not_unpaid, unknown, parked, extended, paid_at_gateway, pending_at_gateway, check_requeued, unknown_requeued.",
+        "Due orders handled, by outcome: cancelled, not_unpaid, unknown, parked, extended, paid_at_gateway, pending_at_gateway, check_requeued, unknown_requeued, retry_requeued.",
     )
 };
 pub(crate) const LATENESS_SECONDS: Metric = metric(

@@ -226,11 +226,13 @@ async fn start(env: &World, vars: &[(&str, String)], label: &str) -> Served {
 }
 
 /// Makes `ORDERS` unpaid orders due 4-9 s from now and schedules them from
-/// this process (the database host's clock), alone or in bundles.
+/// this process (the database host's clock), alone or in bundles. They fall
+/// due in groups of ten a millisecond apart, so that bundles can form (a
+/// bundle holds orders due within `publisher.bundle_span_ms`).
 async fn schedule(env: &World, prefix: &str, carried: Carried) -> Vec<(String, DateTime<Utc>)> {
     let orders: Vec<(String, DateTime<Utc>)> = (0..ORDERS)
         .map(|i| {
-            let ms = 4_000 + (i * 5_000 / ORDERS) as i64;
+            let ms = 4_000 + ((i / 10) * 10 * 5_000 / ORDERS) as i64 + (i % 10) as i64;
             (format!("{prefix}-{i}"), at_ms(ms))
         })
         .collect();

@@ -65,15 +65,24 @@ async fn a_server_signed_by_a_ca_nobody_configured_is_never_spoken_to() {
     let mut consumer = env.start_consumer_with(&settings);
     env.scheduler().schedule("tls-2", at_ms(-5)).await.unwrap();
 
-    // Retried on its backoff: no outcome, no request, no completed handshake.
-    consumer.expect_quiet(Duration::from_secs(2)).await;
+    // Retried on its backoff (held, then through the ladder): never
+    // expired, no request, no completed handshake.
+    let meanwhile = consumer.during(Duration::from_secs(2)).await;
+    assert!(
+        meanwhile
+            .iter()
+            .all(|h| h.outcome == Outcome::RetryRequeued),
+        "{meanwhile:?}"
+    );
     assert!(endpoint.requests().is_empty());
     assert_eq!(front.handshakes(), 0);
     consumer.stop().await;
+    // The due queue and every level.
+    let waiting = env.ladder_depth(None).await;
     assert_eq!(
-        env.depth(&env.ladder().due_queue()).await,
-        1,
-        "the message is back in the due queue, not parked or lost"
+        waiting, 1,
+        "the order waits in the due queue or the ladder, not parked or lost"
     );
+    assert_eq!(env.depth(&env.ladder().parked_queue()).await, 0);
     env.cleanup().await;
 }

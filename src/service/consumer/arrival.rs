@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::publisher::{BadEntry, DueMessage, ExpiryMessage};
+use crate::publisher::{BadEntry, DueMessage, ExpiryMessage, OrderId, encode_entry};
 use crate::settings::ConsumerSettings;
 
 /// The decision for one delivery.
@@ -29,12 +29,15 @@ pub enum BundlePart {
     Due(ExpiryMessage),
     /// Early by the given time: hold until `due_at` (the bundle stays unacked).
     Hold(ExpiryMessage, Duration),
-    /// Never processable: park this order alone.
+    /// Never processable: parked (with the delivery's other parked orders,
+    /// in one copy).
     Park {
-        /// Its parked copy's body: its v1 message, or a bundle of its entry
-        /// alone when the entry breaks the v1 rules.
-        body: Vec<u8>,
-        /// The `x-parked-reason`.
+        /// Its entry's JSON, as its bundle carried it (or, for an order that
+        /// decoded, as it encodes).
+        entry: Vec<u8>,
+        /// Its order, when the entry decoded.
+        order_id: Option<OrderId>,
+        /// Why.
         reason: String,
     },
 }
@@ -68,7 +71,8 @@ pub fn on_arrival(
 
 fn parked(bad: &BadEntry) -> BundlePart {
     BundlePart::Park {
-        body: bad.body(),
+        entry: bad.raw.clone().into_bytes(),
+        order_id: None,
         reason: bad.to_string(),
     }
 }
@@ -86,7 +90,8 @@ fn one(message: ExpiryMessage, now: DateTime<Utc>, settings: &ConsumerSettings) 
         BundlePart::Hold(message, early)
     } else {
         BundlePart::Park {
-            body: message.encode(),
+            entry: encode_entry(&message),
+            order_id: Some(message.order_id.clone()),
             reason: format!(
                 "arrived {:.3} s before due_at, more than consumer.max_hold_ms ({} ms): it did not come through the ladder",
                 early.as_secs_f64(),
@@ -167,11 +172,15 @@ mod tests {
         };
         assert!(matches!(&parts[0], BundlePart::Due(m) if *m == due));
         assert!(matches!(&parts[1], BundlePart::Hold(m, _) if *m == early));
-        assert!(matches!(&parts[2], BundlePart::Park { body, reason }
-            if reason.contains("before due_at") && *body == far.encode()));
-        assert!(matches!(&parts[3], BundlePart::Park { body, reason }
+        assert!(
+            matches!(&parts[2], BundlePart::Park { entry, order_id: Some(_), reason }
+            if reason.contains("before due_at") && *entry == encode_entry(&far))
+        );
+        assert!(
+            matches!(&parts[3], BundlePart::Park { entry, order_id: None, reason }
             if reason.starts_with("order 3 of the bundle")
-                && body.as_slice() == br#"{"orders":[{"order_id":"x"}],"v":2}"#));
+                && entry.as_slice() == br#"{"order_id":"x"}"#)
+        );
     }
 
     #[test]

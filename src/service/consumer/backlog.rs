@@ -60,19 +60,14 @@ impl Backlog {
         self.ready.push_back(pending);
     }
 
-    /// Early: held until its `process_at` (`due_at`, or a later `not_before`).
-    pub(super) fn hold(&mut self, pending: Pending) {
-        let at = pending.message.process_at();
-        self.hold_until(pending, at);
-    }
-
     /// Not due by the reference clock itself yet: held for `left` from now.
     pub(super) fn hold_for(&mut self, pending: Pending, left: Duration) {
         let at = self.clock.now() + TimeDelta::from_std(left).unwrap_or(TimeDelta::MAX);
         self.hold_until(pending, at);
     }
 
-    fn hold_until(&mut self, pending: Pending, at: DateTime<Utc>) {
+    /// Held until `at`, by the reference clock.
+    pub(super) fn hold_until(&mut self, pending: Pending, at: DateTime<Utc>) {
         self.held.by_due.entry(at).or_default().push(pending);
         self.held.len += 1;
     }
@@ -137,13 +132,19 @@ impl Backlog {
     }
 
     /// The next batch to start: a part of a split batch, or else up to
-    /// `batch_max` ready deliveries; `None` when nothing is ready.
+    /// `batch_max` ready orders, and past that the rest of the last one's
+    /// delivery, if it is ready too (a delivery's orders released together
+    /// go through in one batch); `None` when nothing is ready.
     pub(super) fn next_batch(&mut self, batch_max: usize) -> Option<Vec<Pending>> {
         match self.split.pop_front() {
             Some(part) => Some(part),
             None if self.ready.is_empty() => None,
             None => {
-                let n = self.ready.len().min(batch_max);
+                let mut n = self.ready.len().min(batch_max);
+                let last = self.ready[n - 1].tag();
+                while self.ready.get(n).is_some_and(|p| p.tag() == last) {
+                    n += 1;
+                }
                 Some(self.ready.drain(..n).collect())
             }
         }
@@ -173,7 +174,7 @@ mod tests {
         for i in 0..n {
             let order_id = OrderId::new(format!("{prefix}-{i}")).unwrap();
             let message = ExpiryMessage::new(order_id, due_at);
-            backlog.hold(Pending::new(Arc::clone(&delivery), message, true));
+            backlog.hold_until(Pending::new(Arc::clone(&delivery), message), due_at);
         }
     }
 

@@ -1,35 +1,41 @@
-//! What finished work does to a session. Work that went through marks its
-//! deliveries done, and the ack tracker says which acks to send now; a message
-//! the action could not take now (a locked order, a 5xx) is retried alone, one
-//! it never can (a 4xx) parked, one to look at again later sent through the
-//! ladder, one the reference clock says is not due yet held again. A failure of a whole batch is isolated to the order at fault, by
-//! what the action error means ([`FailureClass`]):
+//! What finished work does to a session. Each order's verdict goes to its
+//! delivery's pass (`pass.rs`): settled, parked, to look at again later
+//! through the ladder, retried held (only while nothing of its delivery was
+//! answered, a few times), or held again because the reference clock says it
+//! is not due yet. A delivery whose orders all have their verdicts is acked,
+//! after its leftovers left as confirmed messages of their own.
+//!
+//! A failure of a whole batch is isolated to the order at fault, by what the
+//! action error means ([`FailureClass`]):
 //!
 //! - permanent or transient (the database answered with an error): a batch of
 //!   several is split in two, and each half runs as a batch of its own, until
-//!   the order at fault is alone; the rest are cancelled and acked on time. A
-//!   lone permanent failure is parked with its SQLSTATE; a lone transient one
-//!   is retried alone on its own backoff. Neither stops intake or other batches.
+//!   the order at fault is alone; the rest are cancelled on time. A lone
+//!   permanent failure is parked with its SQLSTATE; a lone transient one is
+//!   retried like any failing order. Neither stops intake or other batches.
 //! - unavailable (nothing can succeed now: the database, the order service or
 //!   the event exchange is unreachable): nothing is split. The batch waits on
 //!   one backoff for the whole session, during which no new batch starts and no
 //!   deliveries are taken.
 
-use chrono::Utc;
+use chrono::{TimeDelta, Utc};
 use tracing::{info, warn};
 
+use super::Outcome;
 use super::acks::State;
-use super::outbound::{OutboundError, Republish};
+use super::decide::Next;
+use super::pass::{HeldRetries, ParkedOrder};
 use super::session::{Session, SessionError};
 use super::work::{Done, Failed, Pending};
+use crate::publisher::encode_entry;
 use crate::service::CONSUMER;
 use crate::service::action::{Action, ActionError};
 use crate::service::orders::FailureClass;
 use crate::telemetry::RETRIES_TOTAL;
 
 impl<A: Action> Session<'_, A> {
-    /// Work finished: record it in the ack tracker, send the acks that allows,
-    /// and isolate or retry what failed.
+    /// Work finished: record it, send the acks that allows, and isolate or
+    /// retry what failed.
     pub(super) async fn on_finished(&mut self, done: Done) -> Result<(), SessionError> {
         match self.record(done)? {
             None => {
@@ -42,52 +48,19 @@ impl<A: Action> Session<'_, A> {
         self.send_acks(false).await
     }
 
-    /// Applies finished work to the ack tracker; returns the work that failed.
-    /// Messages to retry go to their own timers; parks and re-queues start.
+    /// Applies finished work to the passes and the ack tracker; returns the
+    /// work that failed. Move-outs of the passes it ends start.
     pub(super) fn record(&mut self, done: Done) -> Result<Option<Failed>, SessionError> {
         match done {
-            Done::Republished(tag) => {
+            Done::MovedOut(tag) => {
                 self.unacked.forget(tag);
                 self.retries.republished();
             }
-            Done::PartMovedOut { tag, handled } => {
-                self.unacked.settle(tag, handled);
-                self.retries.republished();
-            }
-            Done::Settled {
-                handled,
-                retry,
-                park,
-                requeue,
-                hold,
-            } => {
-                for (tag, handled) in handled {
-                    self.unacked.settle(tag, handled);
-                }
-                for (pending, reason) in retry {
-                    metrics::counter!(RETRIES_TOTAL.name).increment(1);
-                    pending.span.in_scope(|| {
-                        info!(target: CONSUMER, reason = %reason, attempts = pending.attempts,
-                            "not now; retrying it alone")
-                    });
-                    self.retry_alone(pending);
-                }
-                for (pending, reason) in park {
-                    self.unacked.mark(pending.tag(), State::Waiting);
-                    self.in_flight
-                        .start(self.link.outbound().park(pending.original(), reason));
-                }
-                for (pending, message, outcome) in requeue {
-                    self.unacked.mark(pending.tag(), State::Waiting);
-                    self.in_flight
-                        .start(self.link.outbound().requeue(pending, message, outcome));
-                }
-                // Not due by the reference clock: held for the time it says
-                // is left, at most consumer.max_hold_ms at a time.
-                let max_hold = self.consumer.settings.max_hold;
-                for (pending, left) in hold {
-                    self.unacked.mark(pending.tag(), State::Waiting);
-                    self.backlog.hold_for(pending, left.min(max_hold));
+            Done::Settled(verdicts) => {
+                for (pending, next, handled) in verdicts {
+                    let tag = pending.tag();
+                    self.verdict(pending, next, handled);
+                    self.end_pass(tag);
                 }
             }
             Done::Failed(failed) => return Ok(Some(failed)),
@@ -96,32 +69,88 @@ impl<A: Action> Session<'_, A> {
         Ok(None)
     }
 
+    /// One order's verdict, into its delivery's pass.
+    fn verdict(&mut self, mut pending: Pending, next: Next, handled: Option<super::Handled>) {
+        let tag = pending.tag();
+        let Some(pass) = self.unacked.pass(tag) else {
+            return;
+        };
+        match next {
+            Next::Ack(_) => pass.settle(handled),
+            Next::Park(reason) => {
+                let order = ParkedOrder::Entry {
+                    json: encode_entry(&pending.message),
+                    order_id: Some(pending.message.order_id.clone()),
+                };
+                pass.park(order, reason, true);
+            }
+            Next::Requeue(message, outcome) => pass.again(message, outcome, true),
+            Next::Retry(reason) => {
+                metrics::counter!(RETRIES_TOTAL.name).increment(1);
+                pending.failed();
+                let settings = &self.consumer.settings;
+                let held = HeldRetries {
+                    tries: settings.held_retries,
+                    window: settings.held_retry,
+                };
+                let since = pending
+                    .failing_since
+                    .unwrap_or_else(std::time::Instant::now);
+                if pass.may_retry_held(pending.attempts, since, held) {
+                    pending.span.in_scope(|| {
+                        info!(target: CONSUMER, reason = %reason, attempts = pending.attempts,
+                            "not now; retrying it held")
+                    });
+                    self.unacked.mark(tag, State::Waiting);
+                    self.retries.again(pending);
+                } else {
+                    let delay = self.retries.backoff(pending.attempts);
+                    let delay = TimeDelta::from_std(delay).unwrap_or(TimeDelta::MAX);
+                    let mut again = pending.message.again_at(self.consumer.clock.now() + delay);
+                    again.attempts = pending.attempts;
+                    pending.span.in_scope(|| {
+                        info!(target: CONSUMER, reason = %reason, attempts = pending.attempts,
+                            "not now; it leaves its delivery, through the ladder with its backoff")
+                    });
+                    pass.again(again, Outcome::RetryRequeued, false);
+                }
+            }
+            // Not due by the reference clock: held for the time it says is
+            // left, at most consumer.max_hold_ms at a time. Only a clock that
+            // moved between two measurements gets here, and only for as long
+            // as it is off.
+            Next::Hold(_, left) => {
+                let max_hold = self.consumer.settings.max_hold;
+                self.unacked.mark(tag, State::Waiting);
+                self.backlog.hold_for(pending, left.min(max_hold));
+            }
+        }
+    }
+
+    /// Ends delivery `tag`'s pass once every order in it has its verdict:
+    /// acked with the next acks, or its leftovers moved out first.
+    pub(super) fn end_pass(&mut self, tag: u64) {
+        if let Some(move_out) = self.unacked.end_pass(tag) {
+            self.in_flight
+                .start(self.link.outbound().move_out(move_out));
+        }
+    }
+
     /// Isolates a failure to the order at fault; see the module docs.
     async fn on_failed(&mut self, failed: Failed) -> Result<(), SessionError> {
         metrics::counter!(RETRIES_TOTAL.name).increment(1);
         match failed {
             Failed::Action { batch, error } => self.on_action_failed(batch, error),
-            Failed::Republish {
-                original,
-                what,
-                error,
-            } => {
-                let unroutable = matches!(error, OutboundError::Unroutable { .. });
-                match &what {
-                    Republish::Park(_) => {
-                        warn!(target: CONSUMER, error = %error, "parking failed; will retry");
-                        if unroutable {
-                            // Someone deleted the parked queue or its binding.
-                            self.repair("parked").await?;
-                        }
-                    }
-                    Republish::Requeue(message, _) => {
-                        warn!(target: CONSUMER, error = %error, order_id = %message.order_id,
-                            "sending a message through the ladder again failed (is the ladder \
-                             declared?); will retry, the delivery stays unacked");
-                    }
+            Failed::MoveOut { move_out, error } => {
+                let parked = &self.link.outbound().parked_exchange;
+                warn!(target: CONSUMER, error = %error,
+                    "a leftover of a delivery was not confirmed (is the ladder or the parked \
+                     queue declared?); will retry, the delivery stays unacked");
+                if error.unroutable_at(parked) {
+                    // Someone deleted the parked queue or its binding.
+                    self.repair("parked").await?;
                 }
-                self.retries.republish(original, what);
+                self.retries.move_out(move_out);
             }
         }
         Ok(())
@@ -145,27 +174,22 @@ impl<A: Action> Session<'_, A> {
             }
             FailureClass::Permanent => {
                 let Some(pending) = batch.pop() else { return };
-                let reason = error.park_reason();
-                self.in_flight
-                    .start(self.link.outbound().park(pending.original(), reason));
+                let tag = pending.tag();
+                self.verdict(pending, Next::Park(error.park_reason()), None);
+                self.end_pass(tag);
             }
             FailureClass::Transient => {
                 for pending in batch {
                     pending.span.in_scope(|| {
                         warn!(target: CONSUMER, error = %error, attempts = pending.attempts,
-                            "action failed; retrying it alone")
+                            "action failed for it alone")
                     });
-                    self.retry_alone(pending);
+                    let tag = pending.tag();
+                    self.verdict(pending, Next::Retry(error.to_string()), None);
+                    self.end_pass(tag);
                 }
             }
         }
-    }
-
-    /// Retries one message alone after its own backoff; it does not pin the
-    /// ack window meanwhile.
-    fn retry_alone(&mut self, pending: Pending) {
-        self.unacked.mark(pending.tag(), State::Waiting);
-        self.retries.again(pending);
     }
 
     /// The database is back (or may be): batches that waited for it run

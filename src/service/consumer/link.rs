@@ -73,6 +73,7 @@ impl Link {
                 parked_exchange: consumer.ladder.parked_exchange(),
                 ladder: consumer.ladder.clone(),
                 lead: consumer.lead,
+                max_body_bytes: settings.max_body_bytes,
                 timeout,
                 observer: consumer.observer.clone(),
                 clock: consumer.clock.clone(),

@@ -10,14 +10,14 @@
 //!   send through the ladder again (the next check step; an order not found yet). Pure.
 //! - [`work`]: the unit of work (check, then the action), what finished work
 //!   reports, and the work running now.
-//! - [`outbound`]: a parked copy or a message sent through the ladder again,
-//!   confirmed, then the ack.
+//! - [`pass`]: one delivery's pass: every order's verdict once, then one
+//!   ack, after the leftovers left as messages of their own. Pure.
+//! - [`outbound`]: the leftovers (one parked copy, messages sent through the
+//!   ladder again), confirmed, then the ack.
 //! - [`session`]: one connection's session: its per-event methods, its state
 //!   in the parts below.
 //! - [`link`]: the connection, its two channels, the delivery stream.
-//! - [`unacked`]: the unacked deliveries and the ack state of their orders: a
-//!   v1 delivery is one order, a v2 bundle is acked once every order in it is
-//!   settled.
+//! - [`unacked`]: the unacked deliveries, their passes and ack state.
 //! - [`backlog`]: what waits for a batch: held deliveries, ready ones, parts
 //!   of split batches.
 //! - [`retries`]: messages, parks and re-queues each retried on its own timer.
@@ -47,6 +47,7 @@ mod finished;
 mod link;
 mod outage;
 mod outbound;
+mod pass;
 mod repair;
 mod retries;
 mod session;
@@ -100,6 +101,11 @@ pub enum Outcome {
     /// The order was not found: sent through the ladder to be looked for
     /// again (its INSERT may not have committed yet).
     UnknownRequeued,
+    /// The action kept failing for it (`consumer.held_retries` tries, or
+    /// `consumer.held_retry_ms`), or failed while the rest of its delivery
+    /// was settled: sent through the ladder again with its backoff, so that
+    /// its delivery is acked.
+    RetryRequeued,
 }
 
 impl Outcome {
@@ -115,11 +121,12 @@ impl Outcome {
             Self::PendingAtGateway => "pending_at_gateway",
             Self::CheckRequeued => "check_requeued",
             Self::UnknownRequeued => "unknown_requeued",
+            Self::RetryRequeued => "retry_requeued",
         }
     }
 
     /// Every outcome, in the order of the metrics catalog.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::Cancelled,
         Self::NotUnpaid,
         Self::Unknown,
@@ -129,6 +136,7 @@ impl Outcome {
         Self::PendingAtGateway,
         Self::CheckRequeued,
         Self::UnknownRequeued,
+        Self::RetryRequeued,
     ];
 }
 

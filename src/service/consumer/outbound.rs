@@ -1,33 +1,45 @@
 //! What the consumer publishes itself, on its confirm-mode channel, before it
-//! acks a delivery: a parked copy (a message that can never be processed, with
-//! its reason, to `P.parked`) or the message sent through the ladder again (the
-//! next payment check step; an order not found yet). The delivery is acked only
-//! once the broker confirmed the copy: nothing is dropped silently.
+//! acks a delivery: the leftovers of its pass ([`MoveOut`]). One parked copy
+//! for every order of it that can never be processed (with the reason, to
+//! `P.parked`), and the orders to look at again later sent through the
+//! ladder, as few messages as their routes allow (the next payment check
+//! step, an order not found yet, an order the action kept failing for). The
+//! delivery is acked only once the broker confirmed every copy: nothing is
+//! dropped silently, and a crash before the ack repeats the pass, not more.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
 use futures::FutureExt;
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, join_all};
 use lapin::BasicProperties;
 use lapin::message::Delivery;
 use lapin::options::BasicAckOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use thiserror::Error;
-use tracing::{Instrument, debug, info, warn};
+use tracing::{Instrument, info, warn};
 
+use super::pass::{Leftovers, ParkedOrder, parked_reason};
 use super::session::SessionError;
-use super::work::{Done, Failed, Pending, delivery_span, record};
+use super::work::{Done, Failed, delivery_span, record};
 use super::{Handled, Observer, Outcome};
 use crate::amqp::{self, BrokerError, Confirmed, Confirms};
 use crate::clock::Clock;
-use crate::publisher::{ExpiryMessage, Outgoing};
+use crate::publisher::{
+    ExpiryMessage, OrderId, Outgoing, encode_bundle, encode_entry, remaining_route,
+};
 use crate::service::CONSUMER;
 use crate::telemetry::{MESSAGES_TOTAL, PARKED_TOTAL};
 use crate::topology::Ladder;
 
-/// The broker did not take the copy: the delivery stays unacked and the
+/// The longest `x-parked-reason` a parked copy of many orders gets.
+const REASON_MAX: usize = 1024;
+
+/// The bytes of a bundle around its entries, with room for a field or two.
+const ENVELOPE: usize = 32;
+
+/// The broker did not take a copy: the delivery stays unacked and the
 /// publish is retried after a backoff.
 #[derive(Debug, Error)]
 pub(super) enum OutboundError {
@@ -43,32 +55,93 @@ pub(super) enum OutboundError {
     Timeout(Duration),
 }
 
-/// What to publish for a delivery before acking it.
-#[derive(Debug, Clone)]
-pub(super) enum Republish {
-    /// A copy to `P.parked` with this `x-parked-reason`.
-    Park(String),
-    /// This message through the ladder, counted with this outcome once acked.
-    Requeue(Box<ExpiryMessage>, Outcome),
+impl OutboundError {
+    /// Whether it was the parked exchange that routed nothing (someone
+    /// deleted `P.parked` or its binding).
+    pub(super) fn unroutable_at(&self, exchange: &str) -> bool {
+        matches!(self, Self::Unroutable { exchange: e, .. } if e == exchange)
+    }
 }
 
-/// The delivery a copy is made for: a whole message, or one order of a v2
-/// bundle.
-#[derive(Clone)]
-pub(super) struct Original {
-    pub(super) delivery: Arc<Delivery>,
-    /// For one order of a bundle, the body of its own parked copy: its v1
-    /// message, or (an order that breaks the v1 rules) a bundle of its entry
-    /// alone. The copy settles that order; the bundle is acked once all are.
-    pub(super) part: Option<Arc<[u8]>>,
+/// A delivery's leftovers, to be confirmed before it is acked; what is not
+/// confirmed yet stays here and is published again.
+pub(super) struct MoveOut {
+    delivery: Arc<Delivery>,
+    /// The one parked copy: its body, reason, and the orders in it.
+    parked: Option<ParkedCopy>,
+    /// Orders to look at again from their `not_before`.
+    again: Vec<(ExpiryMessage, Outcome)>,
+    /// What the observer is told after the ack.
+    handled: Vec<Handled>,
 }
 
-impl Original {
-    /// A whole delivery.
-    pub(super) fn whole(delivery: Arc<Delivery>) -> Self {
+struct ParkedCopy {
+    body: Vec<u8>,
+    reason: String,
+    /// The ids of the parked orders that decoded; `None` for one that did not.
+    orders: Vec<Option<OrderId>>,
+}
+
+impl ParkedCopy {
+    /// A copy of decoded orders, all parked for `reason`: a v1 message for
+    /// one, a bundle for more.
+    fn of(messages: &[ExpiryMessage], reason: &str) -> Self {
+        let body = match messages {
+            [one] => one.encode(),
+            many => {
+                let entries: Vec<Vec<u8>> = many.iter().map(encode_entry).collect();
+                encode_bundle(entries.iter().map(Vec::as_slice))
+            }
+        };
+        Self {
+            body,
+            reason: reason.to_owned(),
+            orders: messages.iter().map(|m| Some(m.order_id.clone())).collect(),
+        }
+    }
+}
+
+impl MoveOut {
+    /// The leftovers of `delivery`, a delivery of `orders` orders, and what
+    /// the observer is told of its settled ones.
+    pub(super) fn new(
+        delivery: Arc<Delivery>,
+        orders: usize,
+        leftovers: Leftovers,
+        handled: Vec<Handled>,
+    ) -> Self {
+        let Leftovers { parked, again } = leftovers;
+        let parked = (!parked.is_empty()).then(|| {
+            let reason = parked_reason(&parked, orders, REASON_MAX);
+            // All of it, or a part of it that does not decode: the body as it
+            // came; else a bundle of the parked entries alone.
+            let whole =
+                parked.len() >= orders || parked.iter().any(|(p, _)| *p == ParkedOrder::Whole);
+            let body = match whole {
+                true => delivery.data.clone(),
+                false => encode_bundle(parked.iter().filter_map(|(p, _)| match p {
+                    ParkedOrder::Entry { json, .. } => Some(json.as_slice()),
+                    ParkedOrder::Whole => None,
+                })),
+            };
+            let orders = parked
+                .into_iter()
+                .map(|(p, _)| match p {
+                    ParkedOrder::Entry { order_id, .. } => order_id,
+                    ParkedOrder::Whole => None,
+                })
+                .collect();
+            ParkedCopy {
+                body,
+                reason,
+                orders,
+            }
+        });
         Self {
             delivery,
-            part: None,
+            parked,
+            again,
+            handled,
         }
     }
 }
@@ -83,6 +156,9 @@ pub(super) struct Outbound {
     /// `publisher.lead_ms`: a message sent through the ladder again arrives up
     /// to this much (plus its sub-second remainder) early, and is held.
     pub(super) lead: Duration,
+    /// `consumer.max_body_bytes`: no message sent through the ladder again is
+    /// larger (a consumer would park it).
+    pub(super) max_body_bytes: usize,
     pub(super) timeout: Duration,
     pub(super) observer: Option<Observer>,
     /// The reference clock: a message's delay through the ladder again is
@@ -90,155 +166,213 @@ pub(super) struct Outbound {
     pub(super) clock: Clock,
 }
 
+/// One message of a move-out, and what it carries.
+enum Piece {
+    Parked(ParkedCopy),
+    Again(Vec<(ExpiryMessage, Outcome)>),
+}
+
 impl Outbound {
-    /// Copies `original` to the parked exchange with `reason`, then acks it
-    /// (a whole delivery) or settles its order (one order of a bundle).
-    pub(super) fn park(&self, original: Original, reason: String) -> BoxFuture<'static, Done> {
-        let span = delivery_span(&original.delivery, None);
-        self.send(original, Republish::Park(reason), span)
-    }
-
-    /// Sends `message` through the ladder, then acks `pending`'s delivery.
-    pub(super) fn requeue(
-        &self,
-        pending: Pending,
-        message: ExpiryMessage,
-        outcome: Outcome,
-    ) -> BoxFuture<'static, Done> {
-        let what = Republish::Requeue(Box::new(message), outcome);
-        self.send(pending.original(), what, pending.span)
-    }
-
-    /// Publishes what `what` says for `original`, confirmed, then acks or settles it.
-    pub(super) fn send(
-        &self,
-        original: Original,
-        what: Republish,
-        span: tracing::Span,
-    ) -> BoxFuture<'static, Done> {
+    /// Publishes what `move_out` holds, confirmed, then acks its delivery
+    /// singly; what the broker does not take stays for a retry.
+    pub(super) fn move_out(&self, move_out: MoveOut) -> BoxFuture<'static, Done> {
         let outbound = self.clone();
-        async move {
-            let delivery = &original.delivery;
-            let published = match &what {
-                Republish::Park(reason) => {
-                    let body: &[u8] = original.part.as_deref().unwrap_or(&delivery.data);
-                    warn!(target: CONSUMER, reason = %reason, size = body.len(),
-                        bundled = original.part.is_some(), "parking message");
-                    outbound.publish_parked(delivery, body, reason).await
-                }
-                Republish::Requeue(message, _) => {
-                    match outbound.publish_again(delivery, message).await {
-                        Ok(published) => published,
-                        Err(too_long) => {
-                            // Validated at start-up: only a clock far off gets here.
-                            let reason =
-                                format!("cannot send it through the ladder again: {too_long}");
-                            return outbound
-                                .send(original, Republish::Park(reason), tracing::Span::current())
-                                .await;
-                        }
-                    }
-                }
-            };
-            match published {
-                Ok(()) => outbound.acked(original, what).await,
-                Err(Publish::Refused(error)) => Done::Failed(Failed::Republish {
-                    original,
-                    what,
-                    error,
-                }),
-                Err(Publish::Broken(error)) => Done::BrokerFailed(error),
-            }
+        let span = delivery_span(&move_out.delivery, None);
+        async move { outbound.publish_all(move_out).await }
+            .instrument(span)
+            .boxed()
+    }
+
+    async fn publish_all(&self, move_out: MoveOut) -> Done {
+        let MoveOut {
+            delivery,
+            parked,
+            again,
+            mut handled,
+        } = move_out;
+        let (groups, too_long) = self.group(again);
+        let mut pieces: Vec<Piece> = parked.into_iter().map(Piece::Parked).collect();
+        if !too_long.is_empty() {
+            // Validated at start-up: only a clock far off gets here.
+            let reason = "cannot send it through the ladder again: its delay is beyond the \
+                          ladder's longest (is this host's clock far off?)";
+            pieces.push(Piece::Parked(ParkedCopy::of(&too_long, reason)));
         }
-        .instrument(span)
-        .boxed()
-    }
-
-    async fn publish_parked(
-        &self,
-        delivery: &Delivery,
-        body: &[u8],
-        reason: &str,
-    ) -> Result<(), Publish> {
-        let exchange = self.parked_exchange.as_str();
-        let properties = parked_properties(delivery, reason);
-        let publishing = self
-            .confirms
-            .publish(exchange, "", body.to_vec(), properties);
-        let answer = amqp::bounded(
-            "publishing to the parked exchange",
-            self.timeout,
-            publishing,
-        );
-        confirmed(answer.await, exchange)
-    }
-
-    /// Publishes `message` into the ladder; `Err` if its delay is beyond the ladder.
-    async fn publish_again(
-        &self,
-        delivery: &Delivery,
-        message: &ExpiryMessage,
-    ) -> Result<Result<(), Publish>, crate::topology::DelayTooLong> {
+        pieces.extend(groups.into_iter().map(Piece::Again));
         let message_id = match delivery.properties.message_id() {
             Some(id) => id.to_string(),
             None => uuid::Uuid::new_v4().to_string(),
         };
-        let now = self.clock.now();
-        let outgoing = Outgoing::new(message, &self.ladder, self.lead, &message_id, now)?;
-        let answer = amqp::bounded(
-            "publishing into the ladder",
-            self.timeout,
-            outgoing.publish(&self.confirms),
-        );
-        Ok(confirmed(answer.await, &outgoing.route.exchange))
-    }
-
-    /// The copy is confirmed: count it, ack the original (or settle its
-    /// order of a bundle), tell the observer.
-    async fn acked(&self, original: Original, what: Republish) -> Done {
-        let delivery = &original.delivery;
-        let (order_id, outcome, not_before) = match &what {
-            Republish::Park(_) => {
-                metrics::counter!(MESSAGES_TOTAL.name, "outcome" => Outcome::Parked.label())
-                    .increment(1);
-                metrics::counter!(PARKED_TOTAL.name).increment(1);
-                tracing::Span::current().record("outcome", Outcome::Parked.label());
-                debug!(target: CONSUMER, "handled");
-                (None, Outcome::Parked, None)
-            }
-            Republish::Requeue(message, outcome) => {
-                record(message, *outcome, self.clock.now());
-                tracing::Span::current().record("outcome", outcome.label());
-                info!(target: CONSUMER, not_before = ?message.not_before,
-                    check_step = message.check_step, unknown_rechecks = message.unknown_rechecks,
-                    "sent through the ladder again");
-                (Some(message.order_id.clone()), *outcome, message.not_before)
-            }
-        };
-        let handled = self.observer.is_some().then(|| Handled {
-            order_id,
-            outcome,
-            at: Utc::now(),
-            not_before,
-        });
-        if original.part.is_some() {
-            return Done::PartMovedOut {
-                tag: delivery.delivery_tag,
-                handled,
+        let publishing = pieces.into_iter().enumerate().map(|(i, piece)| {
+            // One id per message of the move-out: the confirms match a
+            // return to its publish by id, exchange and routing key.
+            let id = match i {
+                0 => message_id.clone(),
+                n => format!("{message_id}.{n}"),
             };
+            let delivery = &delivery;
+            async move {
+                let answer = self.publish(delivery, &piece, &id).await;
+                (piece, answer)
+            }
+        });
+        let mut left = MoveOut {
+            delivery: Arc::clone(&delivery),
+            parked: None,
+            again: Vec::new(),
+            handled: Vec::new(),
+        };
+        let mut failure: Option<Publish> = None;
+        for (piece, answer) in join_all(publishing).await {
+            match (piece, answer) {
+                (piece, Ok(())) => self.confirmed(piece, &mut handled),
+                (Piece::Parked(copy), Err(error)) => {
+                    left.parked = Some(copy);
+                    failure.get_or_insert(error);
+                }
+                (Piece::Again(orders), Err(error)) => {
+                    left.again.extend(orders);
+                    failure.get_or_insert(error);
+                }
+            }
+        }
+        match failure {
+            None => {}
+            Some(Publish::Broken(error)) => return Done::BrokerFailed(error),
+            Some(Publish::Refused(error)) => {
+                left.handled = handled;
+                return Done::Failed(Failed::MoveOut {
+                    move_out: left,
+                    error,
+                });
+            }
         }
         match delivery.acker.ack(BasicAckOptions::default()).await {
             Ok(true) => {}
             Ok(false) => return Done::BrokerFailed(SessionError::AckNotSent),
             Err(e) => return Done::BrokerFailed(SessionError::Ack(e)),
         }
-        if let (Some(observer), Some(handled)) = (&self.observer, handled) {
-            let _ = observer.send(Handled {
-                at: Utc::now(),
-                ..handled
-            });
+        if let Some(observer) = &self.observer {
+            let at = Utc::now();
+            for report in handled {
+                let _ = observer.send(Handled { at, ..report });
+            }
         }
-        Done::Republished(delivery.delivery_tag)
+        Done::MovedOut(delivery.delivery_tag)
+    }
+
+    /// The orders to send through the ladder again, as messages: those that
+    /// take the same route now share one, up to `consumer.max_body_bytes`;
+    /// and those whose delay is beyond the ladder.
+    #[allow(clippy::type_complexity)]
+    fn group(
+        &self,
+        again: Vec<(ExpiryMessage, Outcome)>,
+    ) -> (Vec<Vec<(ExpiryMessage, Outcome)>>, Vec<ExpiryMessage>) {
+        let now = self.clock.now();
+        let mut groups: Vec<(u64, usize, Vec<(ExpiryMessage, Outcome)>)> = Vec::new();
+        let mut too_long = Vec::new();
+        for (message, outcome) in again {
+            let Ok(route) = remaining_route(&message, &self.ladder, self.lead, now) else {
+                too_long.push(message);
+                continue;
+            };
+            let size = encode_entry(&message).len() + 1;
+            let room = |bytes: usize| bytes + size <= self.max_body_bytes;
+            match groups
+                .iter_mut()
+                .find(|(delay, bytes, _)| *delay == route.delay_secs && room(*bytes))
+            {
+                Some((_, bytes, orders)) => {
+                    *bytes += size;
+                    orders.push((message, outcome));
+                }
+                None => groups.push((route.delay_secs, ENVELOPE + size, vec![(message, outcome)])),
+            }
+        }
+        let groups = groups.into_iter().map(|(_, _, orders)| orders).collect();
+        (groups, too_long)
+    }
+
+    /// Publishes one piece, confirmed.
+    async fn publish(&self, delivery: &Delivery, piece: &Piece, id: &str) -> Result<(), Publish> {
+        match piece {
+            Piece::Parked(copy) => {
+                warn!(target: CONSUMER, reason = %copy.reason, orders = copy.orders.len(),
+                    size = copy.body.len(), "parking");
+                let exchange = self.parked_exchange.as_str();
+                let properties = parked_properties(delivery, &copy.reason, id);
+                let publishing = self
+                    .confirms
+                    .publish(exchange, "", copy.body.clone(), properties);
+                let answer = amqp::bounded(
+                    "publishing to the parked exchange",
+                    self.timeout,
+                    publishing,
+                );
+                confirmed(answer.await, exchange)
+            }
+            Piece::Again(orders) => {
+                let now = self.clock.now();
+                let messages: Vec<ExpiryMessage> = orders.iter().map(|(m, _)| m.clone()).collect();
+                let Some((first, rest)) = messages.split_first() else {
+                    return Ok(());
+                };
+                // Grouped by a route computed a moment ago: routed again
+                // now, by the earliest of them.
+                let Ok(outgoing) =
+                    Outgoing::for_orders(first, rest, &self.ladder, self.lead, id, now)
+                else {
+                    return Err(Publish::Refused(OutboundError::Nacked));
+                };
+                let answer = amqp::bounded(
+                    "publishing into the ladder",
+                    self.timeout,
+                    outgoing.publish(&self.confirms),
+                );
+                confirmed(answer.await, &outgoing.route.exchange)
+            }
+        }
+    }
+
+    /// A piece was confirmed: count it and log it; the observer hears of its
+    /// orders after the ack.
+    fn confirmed(&self, piece: Piece, handled: &mut Vec<Handled>) {
+        let observed = self.observer.is_some();
+        let at = Utc::now();
+        match piece {
+            Piece::Parked(copy) => {
+                metrics::counter!(PARKED_TOTAL.name).increment(1);
+                let parked = copy.orders.len() as u64;
+                metrics::counter!(MESSAGES_TOTAL.name, "outcome" => Outcome::Parked.label())
+                    .increment(parked);
+                if observed {
+                    handled.extend(copy.orders.into_iter().map(|order_id| Handled {
+                        order_id,
+                        outcome: Outcome::Parked,
+                        at,
+                        not_before: None,
+                    }));
+                }
+            }
+            Piece::Again(orders) => {
+                for (message, outcome) in orders {
+                    record(&message, outcome, self.clock.now());
+                    info!(target: CONSUMER, order_id = %message.order_id, outcome = outcome.label(),
+                        not_before = ?message.not_before, check_step = message.check_step,
+                        unknown_rechecks = message.unknown_rechecks, attempts = message.attempts,
+                        "sent through the ladder again");
+                    if observed {
+                        handled.push(Handled {
+                            order_id: Some(message.order_id.clone()),
+                            outcome,
+                            at,
+                            not_before: message.not_before,
+                        });
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -272,7 +406,7 @@ fn confirmed(answer: Result<Confirmed, BrokerError>, exchange: &str) -> Result<(
 
 /// The original's headers and properties, plus why and when it was parked and
 /// the routing key it came with.
-fn parked_properties(delivery: &Delivery, reason: &str) -> BasicProperties {
+fn parked_properties(delivery: &Delivery, reason: &str, message_id: &str) -> BasicProperties {
     let mut headers: FieldTable = delivery.properties.headers().clone().unwrap_or_default();
     let text = |s: &str| AMQPValue::LongString(s.into());
     headers.insert("x-parked-reason".into(), text(reason));
@@ -283,12 +417,10 @@ fn parked_properties(delivery: &Delivery, reason: &str) -> BasicProperties {
     );
     let mut properties = BasicProperties::default()
         .with_delivery_mode(2)
-        .with_headers(headers);
+        .with_headers(headers)
+        .with_message_id(message_id.into());
     if let Some(ct) = delivery.properties.content_type() {
         properties = properties.with_content_type(ct.clone());
-    }
-    if let Some(id) = delivery.properties.message_id() {
-        properties = properties.with_message_id(id.clone());
     }
     properties
 }

@@ -1,26 +1,26 @@
-//! Work retried on its own timer, without holding up anything else: a message
-//! the action could not take now (a locked order, a 5xx, a timeout), on a
-//! backoff of its own attempts; a park or a re-queue the broker did not
-//! confirm, on one backoff shared by all of them. The one place that changes
-//! either.
+//! Work retried on its own timer, without holding up anything else: an order
+//! the action could not take now (a locked order, a 5xx, a timeout), retried
+//! held on a backoff of its own attempts (see `pass.rs` for how long); a
+//! delivery's leftovers the broker did not confirm, on one backoff shared by
+//! all of them. The one place that changes either.
 
 use std::time::Duration;
 
 use futures::StreamExt;
 use tokio_util::time::DelayQueue;
 
-use super::outbound::{Original, Republish};
+use super::outbound::MoveOut;
 use super::work::Pending;
 use crate::service::backoff::Backoff;
 
 /// What is retried when its timer fires.
 pub(super) enum Retry {
-    /// A message whose order was busy (locked), whose action failed
-    /// transiently for it (a 5xx, a timeout), or whose batch failed transiently
-    /// when it was alone: checked and expired again, alone.
+    /// An order that was busy (locked), whose action failed transiently for
+    /// it (a 5xx, a timeout), or whose batch failed transiently when it was
+    /// alone: checked and expired again, alone.
     Again(Box<Pending>),
-    /// A park or a re-queue the broker did not confirm.
-    Republish { original: Original, what: Republish },
+    /// Leftovers of a delivery the broker did not confirm.
+    MoveOut(MoveOut),
 }
 
 /// Messages, parks and re-queues waiting for their retry.
@@ -46,22 +46,25 @@ impl Retries {
         }
     }
 
-    /// Retries one message alone after its own backoff, one attempt later.
-    pub(super) fn again(&mut self, mut pending: Pending) {
-        let delay = Backoff::nth(self.initial, self.max, pending.attempts);
-        pending.attempts = pending.attempts.saturating_add(1);
+    /// The delay before an order's next try, after `attempts` failures.
+    pub(super) fn backoff(&self, attempts: u32) -> Duration {
+        Backoff::nth(self.initial, self.max, attempts.saturating_sub(1))
+    }
+
+    /// Retries one order alone (its failure counted) after its own backoff.
+    pub(super) fn again(&mut self, pending: Pending) {
+        let delay = self.backoff(pending.attempts);
         self.timers.insert(Retry::Again(Box::new(pending)), delay);
     }
 
-    /// Publishes `what` for `original` again after the shared backoff.
-    pub(super) fn republish(&mut self, original: Original, what: Republish) {
+    /// Publishes what is left of `move_out` again after the shared backoff.
+    pub(super) fn move_out(&mut self, move_out: MoveOut) {
         let delay = self.republish.next_delay();
-        self.timers
-            .insert(Retry::Republish { original, what }, delay);
+        self.timers.insert(Retry::MoveOut(move_out), delay);
     }
 
-    /// A park or a re-queue was confirmed: the next failure starts from the
-    /// shortest backoff.
+    /// Leftovers were confirmed: the next failure starts from the shortest
+    /// backoff.
     pub(super) fn republished(&mut self) {
         self.republish.reset();
     }

@@ -26,7 +26,7 @@
 
 use std::sync::Arc;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use lapin::message::Delivery;
 use thiserror::Error;
 use tokio::time::Instant;
@@ -39,10 +39,10 @@ use super::arrival::{Arrival, BundlePart, on_arrival};
 use super::backlog::Backlog;
 use super::link::Link;
 use super::outage::Outage;
-use super::outbound::Original;
+use super::pass::{ParkedOrder, Pass};
 use super::retries::{Retries, Retry};
 use super::unacked::Unacked;
-use super::work::{Done, InFlight, Pending, delivery_span, expire_work};
+use super::work::{Done, InFlight, Pending, expire_work};
 use crate::amqp::{BrokerError, ConnectError};
 use crate::publisher::ExpiryMessage;
 use crate::service::CONSUMER;
@@ -65,6 +65,10 @@ pub(super) enum SessionError {
     #[error("an ack was not sent: channel closed")]
     AckNotSent,
 }
+
+/// How far apart the due times of one delivery's orders may be to be
+/// released together, in one pass (see [`Session::arrive`]).
+const PASS_SPAN: TimeDelta = TimeDelta::milliseconds(10);
 
 /// The next thing that happened, as `select!` saw it.
 // One lives on the stack for one turn of the loop: boxing the delivery would
@@ -189,7 +193,6 @@ impl<'a, A: Action> Session<'a, A> {
             Some(Err(e)) => return Err(SessionError::Deliveries(e)),
             Some(Ok(delivery)) => delivery,
         };
-        self.unacked.received(delivery.delivery_tag);
         let content_type = delivery
             .properties
             .content_type()
@@ -198,84 +201,109 @@ impl<'a, A: Action> Session<'a, A> {
         let settings = &self.consumer.settings;
         let now = self.consumer.clock.now();
         let delivery = Arc::new(delivery);
+        let tag = delivery.delivery_tag;
         match on_arrival(&delivery.data, content_type.as_deref(), now, settings) {
             Arrival::Bundle(parts) => {
                 metrics::histogram!(ORDERS_PER_MESSAGE.name).record(parts.len() as f64);
-                self.unacked.bundle(delivery.delivery_tag, parts.len());
+                let mut pass = Pass::new(parts.len());
+                let mut orders = Vec::with_capacity(parts.len());
                 for part in parts {
                     match part {
-                        BundlePart::Due(message) => self.on_due(&delivery, message, true, now),
-                        BundlePart::Hold(message, early) => {
-                            self.on_early(&delivery, message, early, true)
+                        BundlePart::Due(message) | BundlePart::Hold(message, _) => {
+                            orders.push(message)
                         }
-                        BundlePart::Park { body, reason } => {
-                            let original = Original {
-                                delivery: Arc::clone(&delivery),
-                                part: Some(body.into()),
+                        BundlePart::Park {
+                            entry,
+                            order_id,
+                            reason,
+                        } => {
+                            let order = ParkedOrder::Entry {
+                                json: entry,
+                                order_id,
                             };
-                            self.in_flight
-                                .start(self.link.outbound().park(original, reason));
+                            pass.park(order, reason, false);
                         }
                     }
                 }
+                self.unacked.received(&delivery, pass);
+                self.arrive(&delivery, orders, now);
             }
-            Arrival::Due(message) => {
+            Arrival::Due(message) | Arrival::Hold(message, _) => {
                 metrics::histogram!(ORDERS_PER_MESSAGE.name).record(1.0);
-                self.on_due(&delivery, message, false, now);
-            }
-            Arrival::Hold(message, early) => {
-                metrics::histogram!(ORDERS_PER_MESSAGE.name).record(1.0);
-                self.on_early(&delivery, message, early, false);
+                self.unacked.received(&delivery, Pass::new(1));
+                self.arrive(&delivery, vec![message], now);
             }
             Arrival::Park(reason) => {
-                let park = self.link.outbound().park(Original::whole(delivery), reason);
-                self.in_flight.start(park);
+                let mut pass = Pass::new(1);
+                pass.park(ParkedOrder::Whole, reason, false);
+                self.unacked.received(&delivery, pass);
             }
         }
+        // A delivery with nothing to wait for (all of it parked) ends now.
+        self.end_pass(tag);
         Ok(())
     }
 
-    /// An order due now (a whole v1 delivery, or one order of a bundle).
-    fn on_due(
+    /// The orders of one delivery (one for v1), at `now`: due, or held.
+    /// Orders due within [`PASS_SPAN`] of each other are released together, at
+    /// the latest one's time, so that the orders of a bundle (the publisher
+    /// bundles only orders due within `publisher.bundle_span_ms`) go through
+    /// the action in one batch and their delivery is acked after one pass.
+    fn arrive(
         &mut self,
         delivery: &Arc<Delivery>,
-        message: ExpiryMessage,
-        bundled: bool,
+        mut orders: Vec<ExpiryMessage>,
         now: DateTime<Utc>,
     ) {
-        record_arrival(&message, now);
-        let pending = Pending::new(Arc::clone(delivery), message, bundled);
-        self.backlog.due(pending);
+        orders.sort_by_key(ExpiryMessage::process_at);
+        let mut window: Vec<ExpiryMessage> = Vec::new();
+        for message in orders {
+            if let Some(first) = window.first()
+                && message.process_at() - first.process_at() > PASS_SPAN
+            {
+                self.release_together(delivery, std::mem::take(&mut window), now);
+            }
+            window.push(message);
+        }
+        self.release_together(delivery, window, now);
     }
 
-    /// An order that arrived early: held until its `due_at`.
-    fn on_early(
+    /// Orders of one delivery due within [`PASS_SPAN`]: ready now, or held
+    /// until the latest of them is due.
+    fn release_together(
         &mut self,
         delivery: &Arc<Delivery>,
-        message: ExpiryMessage,
-        early: std::time::Duration,
-        bundled: bool,
+        window: Vec<ExpiryMessage>,
+        now: DateTime<Utc>,
     ) {
-        metrics::counter!(HELD_TOTAL.name).increment(1);
-        let pending = Pending::new(Arc::clone(delivery), message, bundled);
-        let early_ms = early.as_millis() as u64;
-        pending
-            .span
-            .in_scope(|| debug!(target: CONSUMER, early_ms, "held until due_at"));
-        self.backlog.hold(pending);
+        let Some(at) = window.iter().map(ExpiryMessage::process_at).max() else {
+            return;
+        };
+        for message in window {
+            let pending = Pending::new(Arc::clone(delivery), message);
+            if at <= now {
+                record_arrival(&pending.message, now);
+                self.backlog.due(pending);
+            } else {
+                metrics::counter!(HELD_TOTAL.name).increment(1);
+                let early_ms = (at - now).num_milliseconds();
+                pending
+                    .span
+                    .in_scope(|| debug!(target: CONSUMER, early_ms, "held until due"));
+                self.backlog.hold_until(pending, at);
+            }
+        }
     }
 
-    /// A message's, a park's or a re-queue's own retry timer fired: the
-    /// message runs again in a batch of its own (it may fail again, and must
-    /// not take others with it), the copy is published again.
+    /// An order's own retry timer fired: it runs again in a batch of its own
+    /// (it may fail again, and must not take others with it); or leftovers
+    /// the broker did not confirm are published again.
     fn on_retry_one_due(&mut self, retry: Retry) {
         match retry {
             Retry::Again(pending) => self.backlog.alone(*pending),
-            Retry::Republish { original, what } => {
-                let span = delivery_span(&original.delivery, None);
-                self.in_flight
-                    .start(self.link.outbound().send(original, what, span))
-            }
+            Retry::MoveOut(move_out) => self
+                .in_flight
+                .start(self.link.outbound().move_out(move_out)),
         }
     }
 

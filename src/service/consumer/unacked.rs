@@ -1,68 +1,74 @@
-//! The session's unacked deliveries and the ack state of their orders. A v1
-//! delivery is one order: its state is its delivery's. A v2 bundle is many:
-//! each order is settled on its own (cancelled, kept, or moved out as a
-//! confirmed message of its own), and the delivery stays `Waiting` in the ack
-//! tracker until the last one is, then becomes `Done` with what the observer
-//! is told about each. So one locked or failing order never holds the others'
-//! cancels, only the bundle's ack; a crash before that ack redelivers the
-//! bundle, and every repeat is harmless (the cancel is conditional).
+//! The session's unacked deliveries: where each is in the ack tracker, and
+//! each one's [`Pass`] (the verdicts of its orders so far). A delivery is
+//! acked once, when every order in it has its verdict: with one `multiple`
+//! ack when all were settled, or singly after its leftovers left as messages
+//! of their own ([`Finished::MoveOut`]).
 
 use std::collections::HashMap;
+use std::sync::Arc;
+
+use lapin::message::Delivery;
 
 use super::Handled;
 use super::acks::{AckTracker, Acks, State};
+use super::outbound::MoveOut;
+use super::pass::{Finished, Pass};
 
-/// Unacked deliveries of the consuming channel, and the bundles among them.
+/// Unacked deliveries of the consuming channel, and their passes.
 #[derive(Default)]
 pub(super) struct Unacked {
     /// Acked with `multiple` where possible; with what the observer is told
     /// about each once it is.
     tracker: AckTracker<Vec<Handled>>,
-    /// Bundles with orders not settled yet: how many, and what the observer
-    /// is told about those that are. A bundle is acked when none is left.
-    bundles: HashMap<u64, (usize, Vec<Handled>)>,
+    /// Deliveries with orders not decided yet.
+    passes: HashMap<u64, (Arc<Delivery>, Pass)>,
 }
 
 impl Unacked {
-    /// A delivery arrived; tags only grow on a channel.
-    pub(super) fn received(&mut self, tag: u64) {
+    /// `delivery` arrived with `pass` (its orders); tags only grow on a channel.
+    pub(super) fn received(&mut self, delivery: &Arc<Delivery>, pass: Pass) {
+        let tag = delivery.delivery_tag;
         self.tracker.received(tag);
+        self.passes.insert(tag, (Arc::clone(delivery), pass));
     }
 
-    /// Delivery `tag` is a bundle of `orders` orders: acked once each is settled.
-    pub(super) fn bundle(&mut self, tag: u64, orders: usize) {
-        self.bundles.insert(tag, (orders, Vec::new()));
-    }
-
-    /// Moves a v1 delivery to `state`; a bundle stays waiting until its
-    /// last order is settled ([`Unacked::settle`]).
+    /// Moves delivery `tag` to `state` (in a batch, or waiting).
     pub(super) fn mark(&mut self, tag: u64, state: State) {
-        if !self.bundles.contains_key(&tag) {
-            self.tracker.set(tag, state, None);
+        self.tracker.set(tag, state, None);
+    }
+
+    /// The pass of delivery `tag`, while it has one.
+    pub(super) fn pass(&mut self, tag: u64) -> Option<&mut Pass> {
+        self.passes.get_mut(&tag).map(|(_, pass)| pass)
+    }
+
+    /// Ends delivery `tag`'s pass if every order has its verdict. All
+    /// settled: it is done, acked with the next acks. With leftovers: they are
+    /// returned, to be moved out, and the delivery waits for that (then it is
+    /// acked singly and [`Unacked::forget`]).
+    pub(super) fn end_pass(&mut self, tag: u64) -> Option<MoveOut> {
+        if !self.passes.get(&tag)?.1.is_decided() {
+            return None;
+        }
+        let (delivery, pass) = self.passes.remove(&tag)?;
+        let orders = pass.orders();
+        match pass.finish() {
+            Finished::Ack(handled) => {
+                self.tracker.set(tag, State::Done, Some(handled));
+                None
+            }
+            Finished::MoveOut(leftovers, handled) => {
+                self.tracker.set(tag, State::Waiting, None);
+                Some(MoveOut::new(delivery, orders, leftovers, handled))
+            }
         }
     }
 
-    /// One order of delivery `tag` is settled: a v1 delivery may be acked now,
-    /// a bundle once this was its last order.
-    pub(super) fn settle(&mut self, tag: u64, handled: Option<Handled>) {
-        let Some((left, seen)) = self.bundles.get_mut(&tag) else {
-            self.tracker
-                .set(tag, State::Done, Some(handled.into_iter().collect()));
-            return;
-        };
-        *left = left.saturating_sub(1);
-        seen.extend(handled);
-        if *left == 0
-            && let Some((_, seen)) = self.bundles.remove(&tag)
-        {
-            self.tracker.set(tag, State::Done, Some(seen));
-        }
-    }
-
-    /// Delivery `tag` was acked on its own (its confirmed copy was published):
+    /// Delivery `tag` was acked on its own (its leftovers were confirmed):
     /// stop tracking it.
     pub(super) fn forget(&mut self, tag: u64) {
         self.tracker.forget(tag);
+        self.passes.remove(&tag);
     }
 
     /// The acks to send now, forgetting what they cover; see [`AckTracker::take`].

@@ -3,13 +3,13 @@
 //! [`Action`] in one call, and what finished work reports back to the session.
 //! [`InFlight`] is the session's work running now (batches, parks, re-queues).
 //!
-//! A batch ends in one of three ways: settled (each message acked with its
-//! outcome, retried alone, parked, or sent through the ladder again), failed
-//! as a whole with an [`ActionError`] (the session isolates the order at fault,
-//! see `finished.rs`), or the broker failed.
+//! A batch ends in one of three ways: with a verdict for each order (settled
+//! with its outcome, to retry, to park, to send through the ladder again, to
+//! hold), failed as a whole with an [`ActionError`] (the session isolates the
+//! order at fault, see `finished.rs`), or the broker failed.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use futures::future::{BoxFuture, join_all};
@@ -19,7 +19,7 @@ use lapin::message::Delivery;
 use tracing::{debug, info};
 
 use super::decide::{AfterCheck, Next, after_action, after_check};
-use super::outbound::{Original, OutboundError};
+use super::outbound::{MoveOut, OutboundError};
 use super::session::SessionError;
 use super::{Handled, Outcome};
 use crate::clock::Clock;
@@ -37,32 +37,32 @@ pub(super) struct Pending {
     /// Shared by the orders of one bundle.
     pub(super) delivery: Arc<Delivery>,
     pub(super) message: ExpiryMessage,
-    /// One order of a v2 bundle: settled on its own, the delivery acked
-    /// only once every order in it is.
-    pub(super) bundled: bool,
     pub(super) span: tracing::Span,
-    /// Times it was retried alone (busy, or a transient failure): its own backoff.
+    /// Times the action failed for it (busy, or a transient failure), from
+    /// the message's `attempts` on: its own backoff.
     pub(super) attempts: u32,
+    /// When the action first failed for it in this delivery.
+    pub(super) failing_since: Option<Instant>,
 }
 
 impl Pending {
-    pub(super) fn new(delivery: Arc<Delivery>, message: ExpiryMessage, bundled: bool) -> Self {
+    pub(super) fn new(delivery: Arc<Delivery>, message: ExpiryMessage) -> Self {
         let span = delivery_span(&delivery, Some(&message.order_id));
+        let attempts = message.attempts;
         Self {
             delivery,
             message,
-            bundled,
             span,
-            attempts: 0,
+            attempts,
+            failing_since: None,
         }
     }
 
-    /// What its parked copy or its message through the ladder is made for.
-    pub(super) fn original(&self) -> Original {
-        Original {
-            delivery: Arc::clone(&self.delivery),
-            part: self.bundled.then(|| self.message.encode().into()),
-        }
+    /// The action failed for it once more: counted, and the first failure's
+    /// time kept.
+    pub(super) fn failed(&mut self) {
+        self.attempts = self.attempts.saturating_add(1);
+        self.failing_since.get_or_insert_with(Instant::now);
     }
 
     pub(super) fn tag(&self) -> u64 {
@@ -126,23 +126,12 @@ impl InFlight {
 
 /// Work that ran concurrently with the delivery loop, finished.
 pub(super) enum Done {
-    /// A delivery was acked singly after its confirmed copy (parked, or sent
-    /// through the ladder again).
-    Republished(u64),
-    /// One order of a bundle was moved out (parked, or sent through the
-    /// ladder again) as a confirmed message of its own: settled.
-    PartMovedOut { tag: u64, handled: Option<Handled> },
-    /// A batch went through: `handled` may be acked, each with what the
-    /// observer is told once it is; the others are retried alone later,
-    /// parked, sent through the ladder again, or held again for the time the
-    /// reference clock says is left.
-    Settled {
-        handled: Vec<(u64, Option<Handled>)>,
-        retry: Vec<(Pending, String)>,
-        park: Vec<(Pending, String)>,
-        requeue: Vec<(Pending, ExpiryMessage, Outcome)>,
-        hold: Vec<(Pending, Duration)>,
-    },
+    /// A batch went through: each order's verdict, with what the observer
+    /// is told about a settled one once its delivery is acked.
+    Settled(Vec<(Pending, Next, Option<Handled>)>),
+    /// A delivery's leftovers were confirmed and it was acked singly (the
+    /// observer was told).
+    MovedOut(u64),
     /// It failed in a way worth retrying after a backoff.
     Failed(Failed),
     /// The channel is unusable: the session ends.
@@ -156,11 +145,9 @@ pub(super) enum Failed {
         batch: Vec<Pending>,
         error: ActionError,
     },
-    /// The parked copy, or the message sent through the ladder again, was not
-    /// confirmed.
-    Republish {
-        original: Original,
-        what: super::outbound::Republish,
+    /// Some of a delivery's leftovers were not confirmed: these are left.
+    MoveOut {
+        move_out: MoveOut,
         error: OutboundError,
     },
 }
@@ -170,7 +157,7 @@ impl Failed {
     pub(super) fn deliveries(&self) -> usize {
         match self {
             Self::Action { batch, .. } => batch.len(),
-            Self::Republish { .. } => 1,
+            Self::MoveOut { .. } => 1,
         }
     }
 }
@@ -195,7 +182,7 @@ pub(super) fn expire_work<A: Action>(
         let act: Vec<usize> = (0..batch.len()).filter(|i| next[*i].is_none()).collect();
         if !act.is_empty() {
             let due: Vec<Expiring<'_>> = act.iter().map(|i| batch[*i].expiring()).collect();
-            let started = std::time::Instant::now();
+            let started = Instant::now();
             let result = work.action.expire(&due).await;
             metrics::histogram!(BATCH_ORDERS.name).record(due.len() as f64);
             metrics::histogram!(BATCH_SECONDS.name).record(started.elapsed().as_secs_f64());
@@ -222,52 +209,45 @@ pub(super) fn expire_work<A: Action>(
     .boxed()
 }
 
-/// Sorts a batch by what happens next; counts and logs what is handled.
+/// Each order's verdict; counts and logs what is settled.
 fn settle(
     batch: Vec<Pending>,
     next: Vec<Option<Next>>,
     observed: bool,
     now: DateTime<Utc>,
 ) -> Done {
-    let mut handled = Vec::with_capacity(batch.len());
-    let (mut retry, mut park, mut requeue, mut hold) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (p, next) in batch.into_iter().zip(next) {
-        match next {
-            Some(Next::Ack(outcome)) => {
-                record(&p.message, outcome, now);
-                log_outcome(&p, outcome, now);
-                let seen = observed.then(|| Handled {
-                    order_id: Some(p.message.order_id.clone()),
-                    outcome,
-                    at: now,
-                    not_before: None,
-                });
-                handled.push((p.tag(), seen));
-            }
-            Some(Next::Retry(reason)) => retry.push((p, reason)),
-            Some(Next::Park(reason)) => park.push((p, reason)),
-            Some(Next::Requeue(message, outcome)) => requeue.push((p, message, outcome)),
-            Some(Next::Hold(clock, left)) => {
-                metrics::counter!(NOT_DUE_TOTAL.name, "clock" => clock).increment(1);
-                let left_ms = left.as_millis() as u64;
-                p.span.in_scope(|| {
-                    debug!(target: CONSUMER, clock, left_ms,
-                        "not due yet by the reference clock; held again")
-                });
-                hold.push((p, left));
-            }
+    let verdicts = batch
+        .into_iter()
+        .zip(next)
+        .map(|(p, next)| {
             // Every slot is filled above; an empty one would be a bug: retry it.
-            None => retry.push((p, "not handled".into())),
-        }
-    }
-    Done::Settled {
-        handled,
-        retry,
-        park,
-        requeue,
-        hold,
-    }
+            let next = next.unwrap_or_else(|| Next::Retry("not handled".into()));
+            let seen = match &next {
+                Next::Ack(outcome) => {
+                    record(&p.message, *outcome, now);
+                    log_outcome(&p, *outcome, now);
+                    observed.then(|| Handled {
+                        order_id: Some(p.message.order_id.clone()),
+                        outcome: *outcome,
+                        at: now,
+                        not_before: None,
+                    })
+                }
+                Next::Hold(clock, left) => {
+                    metrics::counter!(NOT_DUE_TOTAL.name, "clock" => *clock).increment(1);
+                    let left_ms = left.as_millis() as u64;
+                    p.span.in_scope(|| {
+                        debug!(target: CONSUMER, clock, left_ms,
+                            "not due yet by the reference clock; held again")
+                    });
+                    None
+                }
+                _ => None,
+            };
+            (p, next, seen)
+        })
+        .collect();
+    Done::Settled(verdicts)
 }
 
 /// Counts one handled message; for a cancel, its lateness.

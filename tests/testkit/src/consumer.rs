@@ -70,6 +70,35 @@ impl RunningConsumer {
         got
     }
 
+    /// Collects handled deliveries until `done` says what came is enough,
+    /// failing the test after `timeout`.
+    pub async fn next_until(
+        &mut self,
+        timeout: Duration,
+        done: impl Fn(&[Handled]) -> bool,
+    ) -> Vec<Handled> {
+        let mut got = Vec::new();
+        let deadline = tokio::time::Instant::now() + timeout;
+        while !done(&got) {
+            match tokio::time::timeout_at(deadline, self.outcomes.recv()).await {
+                Ok(Some(h)) => got.push(h),
+                Ok(None) => panic!("consumer stopped after {got:?}"),
+                Err(_) => panic!("not done within {timeout:?}: {got:?}"),
+            }
+        }
+        got
+    }
+
+    /// Everything handled during `period`.
+    pub async fn during(&mut self, period: Duration) -> Vec<Handled> {
+        let mut got = Vec::new();
+        let deadline = tokio::time::Instant::now() + period;
+        while let Ok(Some(h)) = tokio::time::timeout_at(deadline, self.outcomes.recv()).await {
+            got.push(h);
+        }
+        got
+    }
+
     /// Asserts nothing more is handled for `quiet`.
     pub async fn expect_quiet(&mut self, quiet: Duration) {
         if let Ok(Some(h)) = tokio::time::timeout(quiet, self.outcomes.recv()).await {
