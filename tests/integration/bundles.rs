@@ -131,6 +131,16 @@ async fn each_order_of_a_bundle_is_settled_on_its_own_beside_v1_messages() {
         "unpaid",
         "acked before the lock went"
     );
+    // How long after its last order was due the bundle was acked (its
+    // reports come with the ack), while one of its orders was still locked.
+    let acked_at = handled
+        .iter()
+        .find(|h| h.outcome == Outcome::Extended)
+        .expect("the bundle's report")
+        .at;
+    let after = (acked_at - held_due).num_milliseconds();
+    eprintln!("FIGURES bundle with a locked order acked {after} ms after its last order was due");
+    assert!(after < 5_000, "the locked order held its bundle {after} ms");
     lock.commit().await.expect("release");
     wait_cancelled(&env, &["b-locked"], Duration::from_secs(15)).await;
     // Then the locked order's cancel, and the unknown one's last look (if
