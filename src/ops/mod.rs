@@ -24,7 +24,7 @@ pub use self::ladder_migrate::{LadderMigration, LadderMigrationRefused, LadderMi
 pub use self::parked::{Parked, ParkedMessage, ReplayReport, ReplaySelection};
 pub use self::status::{
     ClockStatus, DueStatus, LevelStatus, OrdersStatus, OutboxStatus, ParkedStatus, STATUS_VERSION,
-    Status,
+    Status, Upcoming,
 };
 
 use chrono::{DateTime, Utc};

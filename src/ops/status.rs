@@ -37,8 +37,12 @@ pub struct Status {
     pub prefix: String,
     /// Each level of the ladder, highest first.
     pub levels: Vec<LevelStatus>,
-    /// Messages waiting in the ladder (the levels' sum).
+    /// Messages waiting in the ladder (the levels' sum). A message is one
+    /// order (v1) or a bundle of up to `publisher.bundle_max_orders`: the
+    /// broker counts messages, not orders; `orders` counts orders.
     pub ladder_messages: u64,
+    /// `publisher.bundle_max_orders`: the most orders one message carries.
+    pub orders_per_message_max: usize,
     /// The due queue.
     pub due: DueStatus,
     /// The parked queue.
@@ -120,6 +124,9 @@ pub struct OrdersStatus {
     pub margin_ms: u64,
     /// How far past its deadline the most overdue one is.
     pub most_overdue_ms: Option<i64>,
+    /// Unpaid orders not yet due, by when they fall due, from the orders
+    /// table (the broker can only count messages).
+    pub upcoming: Option<Upcoming>,
     /// Why the numbers are missing (another action kind, no table, database down).
     pub error: Option<String>,
 }
@@ -139,6 +146,19 @@ pub struct ClockStatus {
     pub warn_offset_ms: u64,
     /// Why the numbers are missing (database down).
     pub error: Option<String>,
+}
+
+/// Unpaid orders with a deadline still ahead, by when it comes.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Upcoming {
+    /// Within the next minute.
+    pub next_minute: i64,
+    /// Within the next hour (the minute's included).
+    pub next_hour: i64,
+    /// Within the next day (the hour's included).
+    pub next_day: i64,
+    /// All of them.
+    pub all: i64,
 }
 
 impl Status {
@@ -169,6 +189,7 @@ impl Status {
                 .iter()
                 .map(|l| u64::from(l.messages.unwrap_or(0)))
                 .sum(),
+            orders_per_message_max: settings.publisher.bundle_max_orders.max(1),
             levels,
             due,
             parked,
@@ -345,6 +366,7 @@ async fn orders_part(settings: &Settings, margin: Duration) -> OrdersStatus {
         beyond_margin: None,
         margin_ms,
         most_overdue_ms: None,
+        upcoming: None,
         error: None,
     };
     if settings.action.kind != ActionKind::Sql {
@@ -364,6 +386,28 @@ async fn orders_part(settings: &Settings, margin: Duration) -> OrdersStatus {
             orders.overdue_unpaid = row.first().copied().flatten();
             orders.beyond_margin = row.get(1).copied().flatten();
             orders.most_overdue_ms = row.get(2).copied().flatten();
+        }
+        Err(error) => {
+            orders.error = Some(error);
+            return orders;
+        }
+    }
+    // Reads the partial index of unpaid orders by deadline.
+    let upcoming = "SELECT \
+                    count(*) FILTER (WHERE pay_deadline <= now() + interval '1 minute'), \
+                    count(*) FILTER (WHERE pay_deadline <= now() + interval '1 hour'), \
+                    count(*) FILTER (WHERE pay_deadline <= now() + interval '1 day'), \
+                    count(*) \
+                    FROM orders WHERE status = 'unpaid' AND pay_deadline >= now()";
+    match query_row(settings, upcoming, &[]).await {
+        Ok(row) => {
+            let n = |i: usize| row.get(i).copied().flatten().unwrap_or(0);
+            orders.upcoming = Some(Upcoming {
+                next_minute: n(0),
+                next_hour: n(1),
+                next_day: n(2),
+                all: n(3),
+            });
         }
         Err(error) => orders.error = Some(error),
     }
@@ -430,9 +474,13 @@ impl fmt::Display for Status {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let at = self.checked_at.to_rfc3339_opts(SecondsFormat::Secs, true);
         writeln!(f, "order-expiry status of prefix {} at {at}", self.prefix)?;
+        let carry = match self.orders_per_message_max {
+            1 => String::new(),
+            n => format!(", up to {n} orders each"),
+        };
         writeln!(
             f,
-            "ladder   {} levels, {} messages waiting",
+            "ladder   {} levels, {} messages waiting{carry}",
             self.levels.len(),
             self.ladder_messages
         )?;
@@ -492,6 +540,13 @@ impl fmt::Display for Status {
                     .map(|ms| format!("; most overdue by {}", human_ms(ms)))
                     .unwrap_or_default()
             )?,
+        }
+        if let Some(u) = self.orders.upcoming {
+            writeln!(
+                f,
+                "         {} unpaid due ahead: {} within a minute, {} within an hour, {} within a day",
+                u.all, u.next_minute, u.next_hour, u.next_day
+            )?;
         }
         match &self.clock {
             None => {}

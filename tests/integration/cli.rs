@@ -168,6 +168,28 @@ async fn schedule_into_a_missing_topology_names_the_exchange_and_the_fix() {
     env.cleanup().await;
 }
 
+/// An order service configured apart from its consumers (a byte cap above
+/// their `consumer.max_body_bytes`) is refused before it schedules anything,
+/// with one line naming the key: its bundles would be parked whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedule_refuses_bundles_its_consumers_would_park() {
+    let env = World::new().await;
+    let mut cmd = binary(&env);
+    cmd.env("ORDER_EXPIRY__PUBLISHER__BUNDLE_MAX_BYTES", "65536")
+        .args(["schedule", "--order-id", "apart-1", "--delay", "5s"]);
+    let out = run_with_stdin(cmd, "").await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("FIGURES settings apart: {}", stderr.trim());
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(
+        stderr.contains("publisher.bundle_max_bytes") && stderr.contains("parked unread"),
+        "{stderr}"
+    );
+    assert_eq!(env.ladder_depth(None).await, 0, "nothing scheduled");
+    env.cleanup().await;
+}
+
 /// `topology apply` with another `topology.levels` under a prefix that has a
 /// ladder refuses (exit 1, one line naming both counts and the migration)
 /// and declares nothing: in place, the other count's bindings would make

@@ -86,6 +86,12 @@ async fn status_shows_every_part_and_exits_non_zero_when_unhealthy() {
     assert_eq!(s["orders"]["overdue_unpaid"], 2);
     assert_eq!(s["orders"]["beyond_margin"], 2);
     assert!(s["orders"]["most_overdue_ms"].as_i64().unwrap() >= 121_000);
+    // Orders, not messages: the 5 waiting, all due within the minute.
+    let upcoming = &s["orders"]["upcoming"];
+    assert_eq!(upcoming["next_minute"], 5, "{s:#}");
+    assert_eq!(upcoming["next_day"], 5, "{s:#}");
+    assert_eq!(upcoming["all"], 5, "{s:#}");
+    assert_eq!(s["orders_per_message_max"], 100);
     let problems = s["problems"].to_string();
     assert!(problems.contains("no consumer"), "{problems}");
     assert!(problems.contains("2 unpaid orders"), "{problems}");
@@ -117,7 +123,14 @@ async fn status_shows_every_part_and_exits_non_zero_when_unhealthy() {
     let out = cli(&env, &["status", "--margin", "60s"], &[]).await;
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(2), "{text}");
-    assert!(text.contains("6 levels, 5 messages waiting"), "{text}");
+    assert!(
+        text.contains("6 levels, 5 messages waiting, up to 100 orders each"),
+        "{text}"
+    );
+    assert!(
+        text.contains("5 unpaid due ahead: 5 within a minute"),
+        "{text}"
+    );
     assert!(text.contains("1 consumers"), "{text}");
     assert!(text.contains("1 messages, oldest parked"), "{text}");
     assert!(text.contains("1 rows pending"), "{text}");
