@@ -29,9 +29,9 @@ pub struct Row {
     pub schedule_rate: f64,
     /// Orders cancelled, by anyone.
     pub cancelled: usize,
-    /// Cancelled through the ladder (serve's `messages_total{outcome="cancelled"}`).
+    /// Cancelled through the ladder: the rows serve's cancel statement marked.
     pub by_ladder: f64,
-    /// Cancelled by the sweeper (`order_expiry_swept_total`).
+    /// Cancelled by the sweeper: the rows its sweep statement marked.
     pub swept: f64,
     /// Cancelled before their due time.
     pub early: usize,
@@ -130,13 +130,25 @@ impl Row {
             .query_one("SELECT count(*) FROM orders WHERE status = 'unpaid'", &[])
             .await?
             .try_get(0)?;
-        Ok(Self::from_lateness(
-            path,
-            bundles,
-            orders,
-            usize::try_from(lost)?,
-            lateness,
-        ))
+        let marks = client
+            .query_one(
+                "SELECT count(*) FILTER (WHERE cancelled_by = 'ladder'), \
+                 count(*) FILTER (WHERE cancelled_by = 'sweeper') \
+                 FROM orders WHERE status = 'cancelled'",
+                &[],
+            )
+            .await?;
+        let (by_ladder, swept): (i64, i64) = (marks.try_get(0)?, marks.try_get(1)?);
+        let mut row = Self::from_lateness(path, bundles, orders, usize::try_from(lost)?, lateness);
+        anyhow::ensure!(
+            usize::try_from(by_ladder + swept)? == row.cancelled,
+            "{} orders cancelled, {by_ladder} marked by the ladder and {swept} by the sweeper: \
+             something else cancelled the rest",
+            row.cancelled
+        );
+        row.by_ladder = by_ladder as f64;
+        row.swept = swept as f64;
+        Ok(row)
     }
 
     /// `library, bundles on`.

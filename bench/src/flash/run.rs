@@ -12,6 +12,30 @@ use super::plan::Plan;
 use super::report::Row;
 use super::{FlashArgs, SalePath, paths, serve};
 
+/// The default cancel and sweep statements, each marking the rows it
+/// cancels in a `cancelled_by` column of the bench's own table: the ladder's
+/// from the sweeper's, counted in the database.
+async fn mark_who_cancels(world: &World, settings: &mut Settings) -> anyhow::Result<()> {
+    world
+        .store
+        .client()
+        .await?
+        .batch_execute("ALTER TABLE orders ADD COLUMN cancelled_by text")
+        .await?;
+    let set = "SET status = 'cancelled', cancelled_at = now()";
+    for (statement, by) in [
+        (&mut settings.database.cancel_sql, "ladder"),
+        (&mut settings.sweeper.sweep_sql, "sweeper"),
+    ] {
+        anyhow::ensure!(
+            statement.contains(set),
+            "cannot mark who cancels: the statement does not {set}: {statement}"
+        );
+        *statement = statement.replace(set, &format!("{set}, cancelled_by = '{by}'"));
+    }
+    Ok(())
+}
+
 /// One run in a world of its own, removed at the end.
 pub(super) async fn run_once(
     settings: &Settings,
@@ -42,6 +66,7 @@ async fn run_in(
     let port = free_port();
     let mut settings = world.settings.clone();
     settings.http.listen = format!("127.0.0.1:{port}");
+    mark_who_cancels(world, &mut settings).await?;
     let served = serve::Serve::start(binary, &settings, bundled, port).await?;
     let plan = Plan::new(args.orders, args.within, args.window)?;
     let say = |what: String| {
@@ -89,8 +114,14 @@ async fn run_in(
     let mut row = Row::read(world, path.as_str(), bundled, plan.orders).await?;
     row.scheduled_secs = scheduled;
     row.schedule_rate = plan.orders as f64 / scheduled;
-    row.by_ladder = metrics.ladder_cancelled;
-    row.swept = metrics.swept;
+    // Who cancelled each row, read from its mark (not serve's own counters);
+    // the metrics must agree.
+    if (row.by_ladder, row.swept) != (metrics.ladder_cancelled, metrics.swept) {
+        say(format!(
+            "serve's counters say {:.0} by the ladder and {:.0} swept; the rows {:.0} and {:.0}",
+            metrics.ladder_cancelled, metrics.swept, row.by_ladder, row.swept
+        ));
+    }
     row.messages_per_order = metrics.messages_per_order();
     row.bundle_metric = metrics.bundle_metric();
     row.broker_cpu_per_1000_s = broker_cpu.map(|s| s * 1000.0 / plan.orders.max(1) as f64);

@@ -101,7 +101,7 @@ pub fn table(report: &Report) -> String {
         out.push_str(&line(row));
     }
     out.push_str(
-        "lateness = cancelled_at - due_at; ladder/swept: serve's metrics; msg/order: due messages per order \
+        "lateness = cancelled_at - due_at; ladder/swept: each row's mark (cancelled_by); msg/order: due messages per order \
          (* serve has no orders_per_message histogram: one message per order); broker CPU: its beam.smp, \
          first schedule until settled and the ladder empty, per 1,000 orders\n",
     );

@@ -16,8 +16,25 @@ use tokio::process::{ChildStdout, Command};
 use crate::procfs;
 
 /// The settings that tell a world apart, and those benchmarks vary, as
-/// `ORDER_EXPIRY__…` variables; everything else stays at the child's defaults.
+/// `ORDER_EXPIRY__…` variables (the statements only when they are not the
+/// defaults); everything else stays at the child's defaults.
 pub fn settings_env(s: &Settings) -> Vec<(String, String)> {
+    let defaults = Settings::default();
+    let statements = [
+        (
+            "DATABASE__CANCEL_SQL",
+            &s.database.cancel_sql,
+            &defaults.database.cancel_sql,
+        ),
+        (
+            "SWEEPER__SWEEP_SQL",
+            &s.sweeper.sweep_sql,
+            &defaults.sweeper.sweep_sql,
+        ),
+    ]
+    .into_iter()
+    .filter(|(_, sql, default)| sql != default)
+    .map(|(key, sql, _)| (key, sql.clone()));
     [
         ("AMQP__URL", s.amqp.url.expose_secret().to_owned()),
         ("AMQP__TIMEOUT_MS", s.amqp.timeout.as_millis().to_string()),
@@ -48,6 +65,7 @@ pub fn settings_env(s: &Settings) -> Vec<(String, String)> {
         ("SWEEPER__GRACE_MS", s.sweeper.grace.as_millis().to_string()),
     ]
     .into_iter()
+    .chain(statements)
     .map(|(k, v)| (format!("{ENV_PREFIX}__{k}"), v))
     .collect()
 }
