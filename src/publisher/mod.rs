@@ -30,5 +30,6 @@ pub use self::message::{ExpiryMessage, Malformed};
 pub use self::order_id::{InvalidOrderId, OrderId};
 #[cfg(feature = "outbox")]
 pub use self::outbox::{OUTBOX_INSERT_SQL, OutboxEntry, OutboxError};
+#[cfg(feature = "service")]
 pub(crate) use self::scheduler::{Outgoing, remaining_route};
 pub use self::scheduler::{Scheduled, Scheduler};

@@ -33,6 +33,7 @@ mod migrations;
 mod orders;
 mod outbox;
 mod overdue;
+mod rate;
 mod shutdown;
 mod sweeper;
 

@@ -56,6 +56,8 @@ pub struct HttpActionSettings {
     pub timeout: Duration,
     /// Requests in flight at once.
     pub concurrency: usize,
+    /// Requests started a second at most (0: no limit).
+    pub max_rps: u32,
     /// Sent as `Authorization: Bearer …` when set; never logged.
     #[serde(default)]
     pub bearer_token: Option<SecretString>,
@@ -73,6 +75,8 @@ pub struct AmqpActionSettings {
     pub exchange: String,
     /// The event's routing key.
     pub routing_key: String,
+    /// Events published a second at most (0: no limit).
+    pub max_rps: u32,
 }
 
 /// What happens after the last check step when the gateway still says `pending`.

@@ -132,6 +132,11 @@ pub struct TopologySettings {
     /// the nodes there are, so 3 (the default) gives 1 on a single node. Fixed when
     /// a queue is declared; see docs/src/operating/cluster.md to change it later.
     pub replicas: u16,
+    /// A due message no consumer took within this long moves to the catch-up
+    /// queue (the due queue's `x-message-ttl`; 0: no catch-up queue). Fixed
+    /// when the due queue is declared (`catch_up_after_ms`).
+    #[serde(rename = "catch_up_after_ms", with = "millis")]
+    pub catch_up_after: Duration,
 }
 
 /// The publisher library.
@@ -194,6 +199,11 @@ pub struct ConsumerSettings {
     /// Longest a failing order is retried held (`held_retry_ms`).
     #[serde(rename = "held_retry_ms", with = "millis")]
     pub held_retry: Duration,
+    /// Orders of the catch-up queue (the backlog of an outage) started a
+    /// second at most, after every order due now (0: no limit).
+    pub catch_up_rate: u32,
+    /// Messages of the catch-up queue delivered at once.
+    pub catch_up_prefetch: u16,
     /// Bound on the drain at shutdown (`drain_timeout_ms`).
     #[serde(rename = "drain_timeout_ms", with = "millis")]
     pub drain_timeout: Duration,

@@ -104,6 +104,21 @@ pub(crate) const CLOCK_OFFSET_SECONDS: Metric = Metric {
         "The reference clock minus this host's clock, as last measured (positive: this host is behind); by clock: database (timed SELECT clock_timestamp()), http (the order service's answers). serve holds and releases orders by its clock plus this.",
     )
 };
+pub(crate) const CATCH_UP_TOTAL: Metric = metric(
+    "order_expiry_catch_up_total",
+    Kind::Counter,
+    "Orders of the catch-up queue (what no consumer took within topology.catch_up_after_ms: an outage's backlog) started in a batch; its rate is the backlog's drain rate, at most consumer.catch_up_rate.",
+);
+pub(crate) const CATCH_UP_ORDERS: Metric = metric(
+    "order_expiry_catch_up_orders",
+    Kind::Gauge,
+    "Orders of the catch-up queue this serve holds, waiting for room behind the orders due now and for consumer.catch_up_rate (the rest of the backlog waits in the queue: rabbitmq_queue_messages of P.catch-up).",
+);
+pub(crate) const CATCH_UP_OLDEST_SECONDS: Metric = metric(
+    "order_expiry_catch_up_oldest_seconds",
+    Kind::Gauge,
+    "How long past its due time the first order this serve holds of the catch-up queue is; 0 when it holds none.",
+);
 pub(crate) const PARKED_TOTAL: Metric = metric(
     "order_expiry_parked_total",
     Kind::Counter,
@@ -194,6 +209,9 @@ pub(crate) const CATALOG: &[Metric] = &[
     HELD_TOTAL,
     NOT_DUE_TOTAL,
     CLOCK_OFFSET_SECONDS,
+    CATCH_UP_TOTAL,
+    CATCH_UP_ORDERS,
+    CATCH_UP_OLDEST_SECONDS,
     PARKED_TOTAL,
     RETRIES_TOTAL,
     RECONNECTS_TOTAL,

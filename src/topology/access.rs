@@ -271,14 +271,16 @@ mod tests {
     fn the_consumer_gets_what_it_redeclares_consumes_parks_to_and_requeues_into() {
         let access = Access::describe(&ladder(), None);
         let consumer = &access.permissions[1];
-        let both = r"^(orders\.due|orders\.parked)$";
+        let own = r"^(orders\.due|orders\.parked|orders\.catch-up)$";
         assert_eq!(consumer.user, CONSUMER_USER);
-        assert_eq!(consumer.configure, both);
+        assert_eq!(consumer.configure, own);
         assert_eq!(
             consumer.write,
-            r"^(orders\.due|orders\.parked|orders\.ladder\.02|orders\.ladder\.01|orders\.ladder\.00)$"
+            r"^(orders\.due|orders\.parked|orders\.catch-up|orders\.ladder\.02|orders\.ladder\.01|orders\.ladder\.00)$"
         );
-        assert_eq!(consumer.read, both);
+        // The catch-up queue: consumed. Its exchange (the same name): the
+        // due queue's dead-letter target, which its declare must write to.
+        assert_eq!(consumer.read, own);
         for delay in 0..8 {
             let route = ladder().route(delay).unwrap();
             assert!(matches(&consumer.write, &route.exchange), "{route}");

@@ -125,9 +125,10 @@ mod tests {
         };
         let ladder = Ladder::new("orders", 4).unwrap();
         let defs = objects(&Topology::describe(&ladder, &settings), "vh");
-        assert_eq!(defs["queues"].as_array().unwrap().len(), 4 + 2);
-        assert_eq!(defs["exchanges"].as_array().unwrap().len(), 4 + 2);
-        assert_eq!(defs["bindings"].as_array().unwrap().len(), 4 * 2 + 2);
+        // The levels; due, parked and catch-up.
+        assert_eq!(defs["queues"].as_array().unwrap().len(), 4 + 3);
+        assert_eq!(defs["exchanges"].as_array().unwrap().len(), 4 + 3);
+        assert_eq!(defs["bindings"].as_array().unwrap().len(), 4 * 2 + 3);
         assert!(
             defs["queues"]
                 .as_array()

@@ -99,8 +99,8 @@ impl Topology {
         topology
     }
 
-    /// What the consumer needs and re-declares after every reconnect: the due and
-    /// parked exchanges and queues. It does not touch the ladder.
+    /// What the consumer needs and re-declares after every reconnect: the due,
+    /// catch-up and parked exchanges and queues. It does not touch the ladder.
     pub fn consumer_part(ladder: &Ladder, settings: &TopologySettings) -> Self {
         let mut quorum =
             BTreeMap::from([("x-queue-type".to_owned(), Arg::Str("quorum".to_owned()))]);
@@ -116,17 +116,35 @@ impl Topology {
             destination_type: Destination::Queue,
             routing_key: routing_key.to_owned(),
         };
-        Self {
+        let mut due = queue(ladder.due_queue());
+        let mut topology = Self {
             exchanges: vec![
                 exchange(ladder.due_exchange(), ExchangeType::Topic),
                 exchange(ladder.parked_exchange(), ExchangeType::Fanout),
             ],
-            queues: vec![queue(ladder.due_queue()), queue(ladder.parked_queue())],
+            queues: vec![queue(ladder.parked_queue())],
             bindings: vec![
                 binding(ladder.due_exchange(), ladder.due_queue(), "#"),
                 binding(ladder.parked_exchange(), ladder.parked_queue(), ""),
             ],
+        };
+        if let Ok(ttl @ 1..) = i64::try_from(settings.catch_up_after.as_millis()) {
+            // What no consumer took within the TTL moves on, at least once,
+            // to the catch-up queue: after an outage the due queue holds only
+            // what is due now.
+            due.arguments.extend(catch_up_args(ladder, ttl));
+            topology
+                .exchanges
+                .push(exchange(ladder.catch_up_exchange(), ExchangeType::Fanout));
+            topology.queues.push(queue(ladder.catch_up_queue()));
+            topology.bindings.push(binding(
+                ladder.catch_up_exchange(),
+                ladder.catch_up_queue(),
+                "",
+            ));
         }
+        topology.queues.insert(0, due);
+        topology
     }
 
     /// The names of every queue, in declaration order.
@@ -175,6 +193,34 @@ fn placement(replicas: u16) -> [(String, Arg); 2] {
         (
             PLACEMENT_ARGS[1].to_owned(),
             Arg::Str("balanced".to_owned()),
+        ),
+    ]
+}
+
+/// The due queue's arguments that move what no consumer took within `ttl_ms`
+/// to the catch-up queue, at least once (at-least-once dead-lettering needs
+/// reject-publish overflow).
+pub(crate) const CATCH_UP_ARGS: [&str; 4] = [
+    "x-message-ttl",
+    "x-dead-letter-exchange",
+    "x-dead-letter-strategy",
+    "x-overflow",
+];
+
+fn catch_up_args(ladder: &Ladder, ttl_ms: i64) -> [(String, Arg); 4] {
+    [
+        (CATCH_UP_ARGS[0].to_owned(), Arg::Int(ttl_ms)),
+        (
+            CATCH_UP_ARGS[1].to_owned(),
+            Arg::Str(ladder.catch_up_exchange()),
+        ),
+        (
+            CATCH_UP_ARGS[2].to_owned(),
+            Arg::Str("at-least-once".to_owned()),
+        ),
+        (
+            CATCH_UP_ARGS[3].to_owned(),
+            Arg::Str("reject-publish".to_owned()),
         ),
     ]
 }
@@ -265,7 +311,7 @@ mod tests {
             ..settings(QueueType::Quorum)
         };
         let t = Topology::describe(&ladder, &five);
-        assert_eq!(t.queues.len(), 6, "levels, due and parked");
+        assert_eq!(t.queues.len(), 7, "levels, due, parked and catch-up");
         for q in &t.queues {
             assert_eq!(q.arguments["x-queue-type"], Arg::Str("quorum".into()));
             assert_eq!(q.arguments["x-quorum-initial-group-size"], Arg::Int(5));
@@ -287,7 +333,7 @@ mod tests {
     fn classic_holding_queues_have_no_at_least_once_strategy() {
         let ladder = Ladder::new("orders", 4).unwrap();
         let t = Topology::describe(&ladder, &settings(QueueType::Classic));
-        let q = &t.queues[2];
+        let q = &t.queues[3];
         assert_eq!(q.arguments["x-queue-type"], Arg::Str("classic".into()));
         assert_eq!(q.arguments["x-overflow"], Arg::Str("reject-publish".into()));
         assert!(!q.arguments.contains_key("x-dead-letter-strategy"));
@@ -316,7 +362,7 @@ mod tests {
     fn the_summary_counts_every_object() {
         let ladder = Ladder::new("orders", 4).unwrap();
         let t = Topology::describe(&ladder, &settings(QueueType::Quorum));
-        assert_eq!(t.to_string(), "6 exchanges, 6 queues, 10 bindings");
+        assert_eq!(t.to_string(), "7 exchanges, 7 queues, 11 bindings");
         assert_eq!(t.queue_names().next(), Some("orders.due"));
     }
 }

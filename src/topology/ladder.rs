@@ -117,6 +117,19 @@ impl Ladder {
         format!("{}.due", self.prefix)
     }
 
+    /// Where a due message goes when no consumer took it within
+    /// `topology.catch_up_after_ms` (the due queue's message TTL): the
+    /// backlog of an outage, drained at `consumer.catch_up_rate` beside what
+    /// is due now.
+    pub fn catch_up_exchange(&self) -> String {
+        format!("{}.catch-up", self.prefix)
+    }
+
+    /// The catch-up queue: the backlog (see [`Ladder::catch_up_exchange`]).
+    pub fn catch_up_queue(&self) -> String {
+        format!("{}.catch-up", self.prefix)
+    }
+
     /// The exchange the consumer publishes messages it can never process to.
     pub fn parked_exchange(&self) -> String {
         format!("{}.parked", self.prefix)

@@ -10,6 +10,7 @@
 //! Every broken service is restored by a guard, even when a test fails.
 
 mod broker_restart;
+mod catch_up;
 mod consumer_kill;
 mod database_outage;
 mod graceful_shutdown;

@@ -7,6 +7,7 @@ mod actions;
 mod blue_green;
 mod broker_versions;
 mod bundles;
+mod catch_up;
 mod check;
 mod cli;
 mod clock;

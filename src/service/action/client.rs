@@ -14,6 +14,7 @@ use secrecy::{ExposeSecret, SecretString};
 use tokio::sync::Semaphore;
 
 use super::BuildError;
+use crate::service::rate::Pace;
 
 /// Everything but RFC 3986's unreserved characters is encoded in a path segment.
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
@@ -52,12 +53,14 @@ pub(super) enum Answer {
     Failed(String),
 }
 
-/// A client for one base URL, with a concurrency limit.
+/// A client for one base URL, with a concurrency limit and a pace (requests
+/// a second, paused by a `Retry-After`).
 #[derive(Debug, Clone)]
 pub(super) struct Client {
     http: reqwest::Client,
     pub(super) base: String,
     limit: Arc<Semaphore>,
+    pace: Arc<Pace>,
 }
 
 /// The most of a response body kept (for a parked reason, a check answer).
@@ -120,7 +123,17 @@ impl Client {
             http,
             base,
             limit: Arc::new(Semaphore::new(concurrency.max(1))),
+            pace: Arc::new(Pace::new(0)),
         })
+    }
+
+    /// At most `per_second` requests a second (0: no limit), and every
+    /// request waits out a `Retry-After` the server sent with a 429 or a 503:
+    /// a server that asks for a pause gets it from the whole consumer, not
+    /// only from the one order it answered.
+    pub(super) fn paced(mut self, per_second: u32) -> Self {
+        self.pace = Arc::new(Pace::new(per_second));
+        self
     }
 
     /// Sends `request` (built on this client) once a permit is free.
@@ -139,6 +152,7 @@ impl Client {
         let Ok(_permit) = self.limit.acquire().await else {
             return (Answer::Failed("the client is closed".into()), None);
         };
+        self.pace.ready().await;
         let request = request(&self.http);
         let sent = Utc::now();
         let started = Instant::now();
@@ -157,6 +171,9 @@ impl Client {
             retry_after: header(headers, RETRY_AFTER).and_then(|value| retry_after(value, sent)),
         };
         let status = response.status().as_u16();
+        if let (429 | 503, Some(after)) = (status, exchange.retry_after) {
+            self.pace.pause(after);
+        }
         let mut body = Vec::new();
         loop {
             match response.chunk().await {

@@ -21,6 +21,7 @@ use serde_json::json;
 
 use super::{Action, ActionAnswer, ActionError, Expiring, idempotency_key};
 use crate::amqp::{self, BrokerError, ConfirmLink, Confirmed, TlsFiles};
+use crate::service::rate::Pace;
 use crate::settings::Settings;
 
 /// The `order.expired` event publisher; see the module docs.
@@ -28,6 +29,8 @@ pub struct EventAction {
     link: ConfirmLink,
     exchange: String,
     routing_key: String,
+    /// `action.amqp.max_rps`.
+    pace: Pace,
 }
 
 impl std::fmt::Debug for EventAction {
@@ -52,6 +55,7 @@ impl EventAction {
             ),
             exchange: settings.action.amqp.exchange.clone(),
             routing_key: settings.action.amqp.routing_key.clone(),
+            pace: Pace::new(settings.action.amqp.max_rps),
         }
     }
 
@@ -87,11 +91,17 @@ impl Action for EventAction {
             .channel()
             .await
             .map_err(|e| ActionError::Unavailable(format!("order.expired events: {e}")))?;
-        // Pipelined: every event published, then every confirm awaited.
+        // Pipelined: every event published (at most action.amqp.max_rps a
+        // second), then every confirm awaited.
         let publishes = due.iter().map(|d| {
-            let (body, properties) = event(*d);
-            let publishing = channel.publish(&self.exchange, &self.routing_key, body, properties);
-            amqp::bounded("order.expired confirm", self.link.timeout, publishing)
+            let channel = &channel;
+            async move {
+                self.pace.ready().await;
+                let (body, properties) = event(*d);
+                let publishing =
+                    channel.publish(&self.exchange, &self.routing_key, body, properties);
+                amqp::bounded("order.expired confirm", self.link.timeout, publishing).await
+            }
         });
         let answers = join_all(publishes).await;
         if let Some(Err(error)) = answers.iter().find(|a| a.is_err()) {

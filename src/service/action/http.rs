@@ -7,6 +7,9 @@
 //! schedule of it; a new deadline after an extension gets a new key), and
 //! `Authorization: Bearer …` when `action.http.bearer_token` is set.
 //!
+//! At most `action.http.concurrency` requests in flight and `max_rps` a
+//! second; a 429 or 503 with `Retry-After` pauses every request for that long.
+//!
 //! Response: 2xx cancelled, 409 not unpaid, 404 unknown; 425 Too Early: not
 //! due yet by the order service's clock, held and asked again when it says
 //! (`due_in_ms` in a JSON body, else `Retry-After`, else a second); 429, 5xx,
@@ -65,7 +68,8 @@ impl HttpAction {
             settings.concurrency,
             bearer(&settings.bearer_token),
             settings.tls_ca_file.as_deref(),
-        )?;
+        )?
+        .paced(settings.max_rps);
         let corrected = Clock::local();
         let report = ClockReport::new(corrected.clone(), "http", clock).leaning_ahead();
         Ok(Self {

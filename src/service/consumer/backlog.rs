@@ -19,6 +19,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::work::Pending;
 use crate::clock::Clock;
+use crate::service::rate::Rate;
 
 /// Deliveries (or orders of bundles) not in a batch yet.
 pub(super) struct Backlog {
@@ -26,6 +27,10 @@ pub(super) struct Backlog {
     held: Holds,
     /// Due deliveries waiting for a cancel statement.
     ready: VecDeque<Pending>,
+    /// The catch-up queue's due orders (an outage's backlog): they fill what
+    /// room a batch of `ready` leaves, at most `catch_up_rate` a second.
+    catching_up: VecDeque<Pending>,
+    catch_up_rate: Rate,
     /// Parts of failed batches, each run as a batch of its own before `ready`,
     /// until the order at fault is alone.
     split: VecDeque<Vec<Pending>>,
@@ -41,10 +46,13 @@ struct Holds {
 }
 
 impl Backlog {
-    /// Empty; holds go by `clock`.
-    pub(super) fn new(clock: Clock) -> Self {
+    /// Empty; holds go by `clock`; the catch-up lane drains at
+    /// `catch_up_rate` orders a second (0: no limit).
+    pub(super) fn new(clock: Clock, catch_up_rate: u32) -> Self {
         Self {
             clock,
+            catching_up: VecDeque::new(),
+            catch_up_rate: Rate::new(catch_up_rate, Instant::now()),
             held: Holds {
                 by_due: BTreeMap::new(),
                 len: 0,
@@ -58,6 +66,27 @@ impl Backlog {
     /// Due now: waits for the next batch.
     pub(super) fn due(&mut self, pending: Pending) {
         self.ready.push_back(pending);
+    }
+
+    /// Due, from the catch-up queue: waits behind everything due now.
+    pub(super) fn catch_up(&mut self, pending: Pending) {
+        self.catching_up.push_back(pending);
+    }
+
+    /// Whether the catch-up lane takes more: less than a second's worth of
+    /// its rate (or four batches, unlimited) waits in it.
+    pub(super) fn wants_catch_up(&self, batch_max: usize) -> bool {
+        let enough = match self.catch_up_rate.is_unlimited() {
+            true => batch_max.saturating_mul(4),
+            false => self.catch_up_rate.per_second() as usize,
+        };
+        self.catching_up.len() < enough.max(1)
+    }
+
+    /// Orders in the catch-up lane, and the `process_at` of the first.
+    pub(super) fn catching_up(&self) -> (usize, Option<DateTime<Utc>>) {
+        let first = self.catching_up.front().map(|p| p.message.process_at());
+        (self.catching_up.len(), first)
     }
 
     /// Not due by the reference clock itself yet: held for `left` from now.
@@ -132,29 +161,59 @@ impl Backlog {
     }
 
     /// The next batch to start: a part of a split batch, or else up to
-    /// `batch_max` ready orders, and past that the rest of the last one's
-    /// delivery, if it is ready too (a delivery's orders released together
-    /// go through in one batch); `None` when nothing is ready.
-    pub(super) fn next_batch(&mut self, batch_max: usize) -> Option<Vec<Pending>> {
-        match self.split.pop_front() {
-            Some(part) => Some(part),
-            None if self.ready.is_empty() => None,
-            None => {
-                let mut n = self.ready.len().min(batch_max);
-                let last = self.ready[n - 1].tag();
-                while self.ready.get(n).is_some_and(|p| p.tag() == last) {
-                    n += 1;
-                }
-                Some(self.ready.drain(..n).collect())
+    /// `batch_max` ready orders, then (in the room left) orders of the
+    /// catch-up lane as its rate allows; past each, the rest of the last
+    /// one's delivery (a delivery's orders released together go through in
+    /// one batch); `None` when nothing is ready. The second value: how many
+    /// came from the catch-up lane.
+    pub(super) fn next_batch(&mut self, batch_max: usize) -> Option<(Vec<Pending>, usize)> {
+        if let Some(part) = self.split.pop_front() {
+            return Some((part, 0));
+        }
+        let mut batch = take_deliveries(&mut self.ready, batch_max);
+        let room = batch_max.saturating_sub(batch.len());
+        let mut caught_up = 0;
+        if room > 0 && !self.catching_up.is_empty() {
+            let allowed = self.catch_up_rate.take(room, Instant::now());
+            if allowed > 0 {
+                let more = take_deliveries(&mut self.catching_up, allowed);
+                // The rest of a delivery beyond the rate is charged to it.
+                self.catch_up_rate
+                    .charge(more.len().saturating_sub(allowed));
+                caught_up = more.len();
+                batch.extend(more);
             }
         }
+        (!batch.is_empty()).then_some((batch, caught_up))
     }
 
     /// Orders waiting here (for the drain's count of released deliveries).
     pub(super) fn orders(&self) -> usize {
         let split: usize = self.split.iter().map(Vec::len).sum();
-        self.ready.len() + self.held.len + split
+        self.ready.len() + self.held.len + split + self.catching_up.len()
     }
+
+    /// When the catch-up lane waits for its rate: when to look again.
+    pub(super) fn catch_up_wait(&mut self) -> Option<Duration> {
+        if self.catching_up.is_empty() {
+            return None;
+        }
+        Some(self.catch_up_rate.wait(Instant::now()))
+    }
+}
+
+/// Up to `n` orders from the front of `lane`, and past that the rest of the
+/// last one's delivery.
+fn take_deliveries(lane: &mut VecDeque<Pending>, n: usize) -> Vec<Pending> {
+    let mut n = lane.len().min(n);
+    if n == 0 {
+        return Vec::new();
+    }
+    let last = lane[n - 1].tag();
+    while lane.get(n).is_some_and(|p| p.tag() == last) {
+        n += 1;
+    }
+    lane.drain(..n).collect()
 }
 
 #[cfg(test)]
@@ -180,7 +239,7 @@ mod tests {
 
     #[tokio::test]
     async fn holds_due_together_start_as_one_batch_and_the_others_stay_held() {
-        let mut backlog = Backlog::new(Clock::local());
+        let mut backlog = Backlog::new(Clock::local(), 0);
         hold(&mut backlog, "now", 100, Duration::from_millis(5));
         hold(&mut backlog, "later", 10, Duration::from_secs(60));
         tokio::time::sleep(Duration::from_millis(30)).await;
@@ -189,7 +248,7 @@ mod tests {
         backlog.release_due();
 
         // One cancel statement for the hundred, not one each.
-        let batch = backlog.next_batch(200).expect("a batch");
+        let (batch, _) = backlog.next_batch(200).expect("a batch");
         assert_eq!(batch.len(), 100);
         assert!(
             batch
@@ -202,7 +261,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_held_order_is_released_at_its_due_time_never_before() {
-        let mut backlog = Backlog::new(Clock::local());
+        let mut backlog = Backlog::new(Clock::local(), 0);
         for (i, ms) in [40u64, 10, 25].into_iter().enumerate() {
             hold(&mut backlog, &format!("o{i}"), 1, Duration::from_millis(ms));
         }
@@ -211,7 +270,7 @@ mod tests {
             backlog.next_due().await;
             backlog.release_due();
             let now = Utc::now();
-            while let Some(batch) = backlog.next_batch(200) {
+            while let Some((batch, _)) = backlog.next_batch(200) {
                 for p in batch {
                     assert!(now >= p.message.process_at(), "released early");
                     released.push(p.message.order_id.as_str().to_owned());
@@ -223,7 +282,7 @@ mod tests {
 
     #[tokio::test]
     async fn nothing_is_released_before_any_hold_is_due() {
-        let mut backlog = Backlog::new(Clock::local());
+        let mut backlog = Backlog::new(Clock::local(), 0);
         hold(&mut backlog, "later", 10, Duration::from_secs(60));
         backlog.release_due();
         assert!(backlog.next_batch(200).is_none());

@@ -193,9 +193,25 @@ impl<A: Action> Session<'_, A> {
     }
 
     /// The database is back (or may be): batches that waited for it run
-    /// again first, each as it was.
+    /// again first, each as it was; the orders of them that are more than
+    /// `topology.catch_up_after_ms` late by now join the catch-up lane.
     pub(super) fn on_retry_due(&mut self) {
-        self.backlog.resume(self.outage.end());
+        let catch_up = self.consumer.catch_up_after;
+        let now = self.consumer.clock.now();
+        let mut batches = Vec::new();
+        for batch in self.outage.end() {
+            let (late, on_time): (Vec<Pending>, Vec<Pending>) = batch.into_iter().partition(|p| {
+                let late = (now - p.message.process_at()).to_std().unwrap_or_default();
+                !catch_up.is_zero() && late > catch_up
+            });
+            for pending in late {
+                self.backlog.catch_up(pending);
+            }
+            if !on_time.is_empty() {
+                batches.push(on_time);
+            }
+        }
+        self.backlog.resume(batches.into_iter());
     }
 
     /// Sends the acks the tracker allows now (one `multiple` ack for the

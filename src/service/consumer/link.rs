@@ -23,10 +23,14 @@ use crate::topology::{KeptQueue, Ladder, Topology};
 /// One broker connection and what a session uses of it.
 pub(super) struct Link {
     connection: Connection,
-    /// Consumes the due queue; deliveries are acked on it.
+    /// Consumes the due queue and the catch-up queue; deliveries of both are
+    /// acked on it (one sequence of delivery tags).
     channel: Channel,
     deliveries: lapin::Consumer,
     tag: String,
+    /// The catch-up queue's deliveries, when there is one
+    /// (`topology.catch_up_after_ms` > 0), and its consumer tag.
+    catch_up: Option<(lapin::Consumer, String)>,
     outbound: Outbound,
     /// `amqp.timeout_ms`: bounds every call on the broker.
     timeout: Duration,
@@ -53,10 +57,11 @@ impl Link {
                 amqp::bounded("channel.open", timeout, connection.create_channel()).await?;
             let outbound = amqp::Confirms::select(outbound, timeout).await?;
             let (deliveries, tag) = subscribe(&channel, &consumer.ladder, timeout).await?;
-            Ok::<_, SessionError>((channel, outbound, deliveries, tag))
+            let catch_up = subscribe_catch_up(&channel, consumer, timeout).await?;
+            Ok::<_, SessionError>((channel, outbound, deliveries, tag, catch_up))
         }
         .await;
-        let (channel, outbound, deliveries, tag) = match set_up {
+        let (channel, outbound, deliveries, tag, catch_up) = match set_up {
             Ok(parts) => parts,
             Err(error) => {
                 amqp::close_failed(&connection, timeout).await;
@@ -68,6 +73,7 @@ impl Link {
             channel,
             deliveries,
             tag,
+            catch_up,
             outbound: Outbound {
                 confirms: outbound,
                 parked_exchange: consumer.ladder.parked_exchange(),
@@ -87,9 +93,13 @@ impl Link {
         &self.outbound
     }
 
-    /// The next delivery; `None` when the broker ended our consumer.
-    pub(super) async fn next_delivery(&mut self) -> Option<lapin::Result<Delivery>> {
-        self.deliveries.next().await
+    /// The delivery streams: the due queue's, and the catch-up queue's when
+    /// there is one (apart, so that one `select!` can wait on both).
+    pub(super) fn streams(&mut self) -> (Deliveries<'_>, Deliveries<'_>) {
+        (
+            Deliveries(Some(&mut self.deliveries)),
+            Deliveries(self.catch_up.as_mut().map(|(d, _)| d)),
+        )
     }
 
     /// Whether the consuming channel is still open.
@@ -102,11 +112,17 @@ impl Link {
         declare(own_part, &self.connection, self.timeout).await
     }
 
-    /// Consumes the due queue again, on the same channel, with a fresh tag.
-    pub(super) async fn resubscribe(&mut self, ladder: &Ladder) -> Result<(), BrokerError> {
-        let (deliveries, tag) = subscribe(&self.channel, ladder, self.timeout).await?;
+    /// Consumes the due queue and the catch-up queue again, on the same
+    /// channel, with fresh tags (the one still consuming is cancelled first).
+    pub(super) async fn resubscribe<A>(
+        &mut self,
+        consumer: &Consumer<A>,
+    ) -> Result<(), BrokerError> {
+        self.cancel().await;
+        let (deliveries, tag) = subscribe(&self.channel, &consumer.ladder, self.timeout).await?;
         self.deliveries = deliveries;
         self.tag = tag;
+        self.catch_up = subscribe_catch_up(&self.channel, consumer, self.timeout).await?;
         Ok(())
     }
 
@@ -134,10 +150,13 @@ impl Link {
 
     /// Stops taking deliveries; whatever the broker answers.
     pub(super) async fn cancel(&self) {
-        let cancel = self
-            .channel
-            .basic_cancel(self.tag.as_str().into(), BasicCancelOptions::default());
-        let _ = amqp::bounded("basic.cancel", self.timeout, cancel).await;
+        let tags = std::iter::once(&self.tag).chain(self.catch_up.as_ref().map(|(_, t)| t));
+        for tag in tags {
+            let cancel = self
+                .channel
+                .basic_cancel(tag.as_str().into(), BasicCancelOptions::default());
+            let _ = amqp::bounded("basic.cancel", self.timeout, cancel).await;
+        }
     }
 
     /// Closes both channels, then the connection: every unacked delivery goes
@@ -184,6 +203,52 @@ async fn subscribe(
     );
     let deliveries = amqp::bounded("basic.consume", timeout, consume).await?;
     Ok((deliveries, tag))
+}
+
+/// One queue's deliveries, or none.
+pub(super) struct Deliveries<'a>(Option<&'a mut lapin::Consumer>);
+
+impl Deliveries<'_> {
+    /// The next delivery; `None` when the broker ended the consumer; never,
+    /// for no queue.
+    pub(super) async fn next(&mut self) -> Option<lapin::Result<Delivery>> {
+        match &mut self.0 {
+            Some(deliveries) => deliveries.next().await,
+            None => futures::future::pending().await,
+        }
+    }
+}
+
+/// Consumes the catch-up queue with `consumer.catch_up_prefetch` (a qos
+/// set before its `basic.consume` applies to that consumer alone), and
+/// gives the due queue's consumers the prefetch back for later ones. None
+/// without a catch-up queue.
+async fn subscribe_catch_up<A>(
+    channel: &Channel,
+    consumer: &Consumer<A>,
+    timeout: Duration,
+) -> Result<Option<(lapin::Consumer, String)>, BrokerError> {
+    if consumer.catch_up_after.is_zero() {
+        return Ok(None);
+    }
+    let settings = &consumer.settings;
+    let qos = channel.basic_qos(
+        settings.catch_up_prefetch.max(1),
+        BasicQosOptions::default(),
+    );
+    amqp::bounded("basic.qos", timeout, qos).await?;
+    let tag = format!("order-expiry-catch-up-{}", uuid::Uuid::new_v4());
+    let queue = consumer.ladder.catch_up_queue();
+    let consume = channel.basic_consume(
+        queue.as_str().into(),
+        tag.as_str().into(),
+        BasicConsumeOptions::default(),
+        FieldTable::default(),
+    );
+    let deliveries = amqp::bounded("basic.consume", timeout, consume).await?;
+    let qos = channel.basic_qos(settings.prefetch, BasicQosOptions::default());
+    amqp::bounded("basic.qos", timeout, qos).await?;
+    Ok(Some((deliveries, tag)))
 }
 
 /// Logs each queue the broker holds with other placement arguments (declared

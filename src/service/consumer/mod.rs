@@ -179,6 +179,8 @@ pub struct Consumer<A> {
     own_part: Topology,
     /// `publisher.lead_ms`, for messages the consumer sends through the ladder again.
     lead: Duration,
+    /// `topology.catch_up_after_ms`: zero when there is no catch-up queue.
+    catch_up_after: Duration,
     work: Arc<Work<A>>,
     /// The action's reference clock, corrected: holds and releases go by it.
     clock: Clock,
@@ -216,6 +218,7 @@ impl<A: Action> Consumer<A> {
             ladder: settings.ladder()?,
             own_part: Topology::consumer_part(&settings.ladder()?, &settings.topology),
             lead: settings.publisher.lead,
+            catch_up_after: settings.topology.catch_up_after,
             work: Arc::new(Work {
                 action,
                 check,

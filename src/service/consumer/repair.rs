@@ -36,7 +36,7 @@ impl<A: Action> Session<'_, A> {
         warn!(target: CONSUMER, queue = %self.consumer.ladder.due_queue(),
             "the broker ended our consumer: was the due queue deleted?");
         self.repair("due").await?;
-        self.link.resubscribe(&self.consumer.ladder).await?;
+        self.link.resubscribe(self.consumer).await?;
         Ok(())
     }
 }

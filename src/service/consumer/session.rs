@@ -25,6 +25,7 @@
 //! close) in `drain.rs`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use lapin::message::Delivery;
@@ -47,7 +48,10 @@ use crate::amqp::{BrokerError, ConnectError};
 use crate::publisher::ExpiryMessage;
 use crate::service::CONSUMER;
 use crate::service::action::Action;
-use crate::telemetry::{ARRIVAL_LATENESS_SECONDS, HELD_TOTAL, ORDERS_PER_MESSAGE};
+use crate::telemetry::{
+    ARRIVAL_LATENESS_SECONDS, CATCH_UP_OLDEST_SECONDS, CATCH_UP_ORDERS, CATCH_UP_TOTAL, HELD_TOTAL,
+    ORDERS_PER_MESSAGE,
+};
 
 /// Why a session ended.
 #[derive(Debug, Error)]
@@ -81,6 +85,19 @@ enum Event {
     HoldsDue,
     RetryOneDue(Retry),
     Delivery(Option<lapin::Result<Delivery>>),
+    /// A delivery of the catch-up queue.
+    CatchUp(Option<lapin::Result<Delivery>>),
+    /// The catch-up lane may take more.
+    CatchUpRate,
+}
+
+/// Which queue a delivery came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    /// The due queue: what is due now.
+    Due,
+    /// The catch-up queue: what no consumer took in time (an outage's backlog).
+    CatchUp,
 }
 
 /// One session's state, in parts that each change only their own fields;
@@ -95,6 +112,8 @@ pub(super) struct Session<'a, A> {
     pub(super) outage: Outage,
     /// Whether any work succeeded: the connection is good.
     pub(super) worked: bool,
+    /// Orders of the catch-up lane last reported in its gauge.
+    catch_up_reported: usize,
     started: Instant,
 }
 
@@ -111,11 +130,12 @@ impl<'a, A: Action> Session<'a, A> {
             consumer,
             link,
             unacked: Unacked::default(),
-            backlog: Backlog::new(consumer.clock.clone()),
+            backlog: Backlog::new(consumer.clock.clone(), settings.catch_up_rate),
             in_flight: InFlight::new(),
             retries: Retries::new(settings.retry_initial, settings.retry_max),
             outage: Outage::new(settings.retry_initial, settings.retry_max),
             worked: false,
+            catch_up_reported: 0,
             started: Instant::now(),
         })
     }
@@ -128,13 +148,17 @@ impl<'a, A: Action> Session<'a, A> {
             // batches come every millisecond.
             self.backlog.release_due();
             self.start_batches();
+            self.report_catch_up();
             match self.next_event(shutdown).await {
                 Event::Shutdown => return Ok(()),
                 Event::Finished(done) => self.on_finished(done).await?,
                 Event::RetryDue => self.on_retry_due(),
                 Event::HoldsDue => self.on_holds_due(),
                 Event::RetryOneDue(retry) => self.on_retry_one_due(retry),
-                Event::Delivery(delivery) => self.on_delivery(delivery).await?,
+                Event::Delivery(delivery) => self.on_delivery(delivery, Lane::Due).await?,
+                Event::CatchUp(delivery) => self.on_delivery(delivery, Lane::CatchUp).await?,
+                // The catch-up lane's rate allows more: start_batches takes it.
+                Event::CatchUpRate => {}
             }
         }
     }
@@ -148,8 +172,17 @@ impl<'a, A: Action> Session<'a, A> {
         let holding = self.backlog.is_holding();
         let retrying = !self.retries.is_empty();
         let retry_at = self.outage.retry_at();
+        let settings = &self.consumer.settings;
+        let room = self.in_flight.len() < settings.batch_concurrency.max(1);
+        // The catch-up lane waits for its rate only while a batch could start.
+        let rate_wait = match (room && retry_at.is_none(), self.backlog.catch_up_wait()) {
+            (true, Some(wait)) => Some(Instant::now() + wait.max(Duration::from_millis(1))),
+            _ => None,
+        };
+        let catch_up = retry_at.is_none() && self.backlog.wants_catch_up(settings.batch_max);
         let (in_flight, backlog) = (&mut self.in_flight, &mut self.backlog);
-        let (retries, link) = (&mut self.retries, &mut self.link);
+        let retries = &mut self.retries;
+        let (mut due, mut catching_up) = self.link.streams();
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => Event::Shutdown,
@@ -157,7 +190,9 @@ impl<'a, A: Action> Session<'a, A> {
             _ = sleep_until(retry_at), if retry_at.is_some() => Event::RetryDue,
             () = backlog.next_due(), if holding => Event::HoldsDue,
             Some(retry) = retries.next_due(), if retrying => Event::RetryOneDue(retry),
-            delivery = link.next_delivery(), if retry_at.is_none() => Event::Delivery(delivery),
+            delivery = due.next(), if retry_at.is_none() => Event::Delivery(delivery),
+            _ = sleep_until(rate_wait), if rate_wait.is_some() => Event::CatchUpRate,
+            delivery = catching_up.next(), if catch_up => Event::CatchUp(delivery),
         }
     }
 
@@ -169,9 +204,12 @@ impl<'a, A: Action> Session<'a, A> {
         let (batch_max, concurrency) =
             (settings.batch_max.max(1), settings.batch_concurrency.max(1));
         while !self.outage.is_on() && self.in_flight.len() < concurrency {
-            let Some(batch) = self.backlog.next_batch(batch_max) else {
+            let Some((batch, caught_up)) = self.backlog.next_batch(batch_max) else {
                 break;
             };
+            if caught_up > 0 {
+                metrics::counter!(CATCH_UP_TOTAL.name).increment(caught_up as u64);
+            }
             for p in &batch {
                 self.unacked.mark(p.tag(), State::InBatch);
             }
@@ -181,12 +219,27 @@ impl<'a, A: Action> Session<'a, A> {
         }
     }
 
+    /// The catch-up lane's gauges, when they change.
+    fn report_catch_up(&mut self) {
+        let (orders, first) = self.backlog.catching_up();
+        if orders == 0 && self.catch_up_reported == 0 {
+            return;
+        }
+        self.catch_up_reported = orders;
+        metrics::gauge!(CATCH_UP_ORDERS.name).set(orders as f64);
+        let oldest = first.map_or(0.0, |at| {
+            (self.consumer.clock.now() - at).num_milliseconds().max(0) as f64 / 1e3
+        });
+        metrics::gauge!(CATCH_UP_OLDEST_SECONDS.name).set(oldest);
+    }
+
     /// A delivery: due now, held until due, or parked. The end of the stream
     /// is the broker cancelling our consumer (the due queue was deleted):
     /// re-declared, consumed again, and what this session holds carries on.
     async fn on_delivery(
         &mut self,
         delivery: Option<lapin::Result<Delivery>>,
+        lane: Lane,
     ) -> Result<(), SessionError> {
         let delivery = match delivery {
             None => return self.on_consumer_ended().await,
@@ -226,12 +279,12 @@ impl<'a, A: Action> Session<'a, A> {
                     }
                 }
                 self.unacked.received(&delivery, pass);
-                self.arrive(&delivery, orders, now);
+                self.arrive(&delivery, orders, now, lane);
             }
             Arrival::Due(message) | Arrival::Hold(message, _) => {
                 metrics::histogram!(ORDERS_PER_MESSAGE.name).record(1.0);
                 self.unacked.received(&delivery, Pass::new(1));
-                self.arrive(&delivery, vec![message], now);
+                self.arrive(&delivery, vec![message], now, lane);
             }
             Arrival::Park(reason) => {
                 let mut pass = Pass::new(1);
@@ -254,6 +307,7 @@ impl<'a, A: Action> Session<'a, A> {
         delivery: &Arc<Delivery>,
         mut orders: Vec<ExpiryMessage>,
         now: DateTime<Utc>,
+        lane: Lane,
     ) {
         orders.sort_by_key(ExpiryMessage::process_at);
         let mut window: Vec<ExpiryMessage> = Vec::new();
@@ -261,11 +315,11 @@ impl<'a, A: Action> Session<'a, A> {
             if let Some(first) = window.first()
                 && message.process_at() - first.process_at() > PASS_SPAN
             {
-                self.release_together(delivery, std::mem::take(&mut window), now);
+                self.release_together(delivery, std::mem::take(&mut window), now, lane);
             }
             window.push(message);
         }
-        self.release_together(delivery, window, now);
+        self.release_together(delivery, window, now, lane);
     }
 
     /// Orders of one delivery due within [`PASS_SPAN`]: ready now, or held
@@ -275,6 +329,7 @@ impl<'a, A: Action> Session<'a, A> {
         delivery: &Arc<Delivery>,
         window: Vec<ExpiryMessage>,
         now: DateTime<Utc>,
+        lane: Lane,
     ) {
         let Some(at) = window.iter().map(ExpiryMessage::process_at).max() else {
             return;
@@ -283,7 +338,17 @@ impl<'a, A: Action> Session<'a, A> {
             let pending = Pending::new(Arc::clone(delivery), message);
             if at <= now {
                 record_arrival(&pending.message, now);
-                self.backlog.due(pending);
+                // Late by more than catch_up_after: an outage's backlog, even
+                // when it came from the due queue (taken before the outage,
+                // or buffered by the client while intake paused).
+                let late = (now - at).to_std().unwrap_or_default();
+                let catch_up = self.consumer.catch_up_after;
+                match lane {
+                    Lane::Due if catch_up.is_zero() || late <= catch_up => {
+                        self.backlog.due(pending)
+                    }
+                    _ => self.backlog.catch_up(pending),
+                }
             } else {
                 metrics::counter!(HELD_TOTAL.name).increment(1);
                 let early_ms = (at - now).num_milliseconds();

@@ -77,14 +77,20 @@ impl Endpoint {
     }
 
     /// An order service on a free port whose unscripted `expire` cancels the
-    /// order in `orders` with the contract's atomic statement and deadline
-    /// rule: 200 when it cancelled, 409 when the order is not unpaid or its
-    /// deadline is later than the request's `due_at`, 404 when unknown, 503
-    /// when the database fails. Tests audit its table as they audit the SQL
-    /// action's. Its expires are recorded once answered, so a test that has
-    /// seen one ([`Endpoint::wait_for`]) sees its effect in the table.
+    /// order in `orders` as the contract asks ([`expire_order`]): 200 when it
+    /// cancelled, 409 when the order is not unpaid or its deadline is later
+    /// than the request's `due_at`, 404 when unknown, 425 while `due_at` is
+    /// ahead of its clock, 503 when the database fails. Tests audit its table
+    /// as they audit the SQL action's. Its expires are recorded once
+    /// answered, so a test that has seen one ([`Endpoint::wait_for`]) sees
+    /// its effect in the table.
     pub async fn order_service(orders: Arc<PgOrderStore>) -> Self {
-        let endpoint = Self::start().await;
+        Self::order_service_on(orders, 0).await
+    }
+
+    /// [`Endpoint::order_service`] on `port` of 127.0.0.1 (0: a free one).
+    pub async fn order_service_on(orders: Arc<PgOrderStore>, port: u16) -> Self {
+        let endpoint = Self::start_on(port).await;
         endpoint.state.lock().unwrap().orders = Some(orders);
         endpoint
     }

@@ -125,6 +125,13 @@ impl WorldBuilder {
         self
     }
 
+    /// A due message no consumer took within `after` moves to the catch-up
+    /// queue (`topology.catch_up_after_ms`, fixed when declared).
+    pub fn catch_up_after(mut self, after: Duration) -> Self {
+        self.settings.topology.catch_up_after = after;
+        self
+    }
+
     /// Ladder levels.
     pub fn levels(mut self, levels: u8) -> Self {
         self.settings.topology.levels = levels;
