@@ -10,6 +10,7 @@ mod bundles;
 mod check;
 mod cli;
 mod clock;
+mod database_hosts;
 mod definitions;
 mod delivery;
 mod demo;

@@ -80,6 +80,14 @@ pub enum StoreError {
     /// never reused.
     #[error("no answer from the database within {0:?}")]
     Timeout(Duration),
+    /// The server answers but takes no writes (`transaction_read_only` is
+    /// on: a standby, or a primary fenced or demoted): no order can be
+    /// cancelled there. The connection is dropped.
+    #[error(
+        "the database is read-only (a standby or a demoted primary): list every host in \
+         database.url with target_session_attrs=read-write"
+    )]
+    ReadOnly,
     /// The URL does not parse.
     #[error("invalid database URL {url}: {reason}")]
     InvalidUrl {
