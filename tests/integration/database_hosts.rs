@@ -1,11 +1,14 @@
-//! A database that takes no writes, on the one test database: a read-only
-//! server (SQLSTATE 25006) holds every cancel, retried and never parked,
-//! `/readyz` says 503, and a `serve` with a writable URL then cancels them all.
+//! `database.url` with several hosts, and a database that takes no writes, on
+//! the one test database: a URL whose first host is dead cancels through the
+//! next and is logged without its password; a read-only server (SQLSTATE
+//! 25006) holds every cancel, retried and never parked, `/readyz` says 503, and
+//! a `serve` with a writable URL then cancels them all. The real failover (a
+//! primary and its standby) is `tests/faults/failover`.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use order_expiry_testkit::{Served, World, at_ms};
+use order_expiry_testkit::{Served, World, at_ms, database, free_port};
 use secrecy::ExposeSecret;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_order-expiry");
@@ -43,6 +46,33 @@ async fn all_cancelled(env: &World, ids: &[String], within: Duration) -> bool {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_url_whose_first_host_is_dead_cancels_through_the_next() {
+    let env = World::new().await;
+    let dead = free_port();
+    let url = format!(
+        "postgres://postgres:pw-db-hosts@127.0.0.1:{dead},127.0.0.1:5432/{}\
+         ?target_session_attrs=read-write&options=-csearch_path%3D{}",
+        database(),
+        env.schema()
+    );
+    let served = serve(&env, "dead-first", &url).await;
+    served.wait_ready(Duration::from_secs(30)).await;
+    let ids = due_soon(&env, "h", 10).await;
+    assert!(
+        all_cancelled(&env, &ids, Duration::from_secs(20)).await,
+        "not cancelled through the second host:\n{}",
+        served.log_tail(20)
+    );
+    let log = std::fs::read_to_string(served.log_path()).expect("serve's log");
+    assert!(!log.contains("pw-db-hosts"), "the password was logged");
+    let shown = format!("postgres://postgres:***@127.0.0.1:{dead},127.0.0.1:5432/");
+    assert!(log.contains(&shown), "{shown} not in the start-up log");
+    let _ = std::fs::remove_file(served.log_path());
+    drop(served);
+    env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,7 +32,7 @@ use super::{
 use crate::clock::Clock;
 use crate::publisher::ExpiryMessage;
 use crate::service::migrations::migration_sql;
-use crate::settings::{DatabaseSettings, Settings, redact_url, scrub_url};
+use crate::settings::{DatabaseSettings, Settings, redact_database_url, scrub_database_url};
 
 /// [`OrderStore`] on PostgreSQL.
 #[derive(Clone)]
@@ -436,8 +436,8 @@ pub(crate) fn connect_config(
             .expose_secret()
             .parse()
             .map_err(|e: tokio_postgres::Error| StoreError::InvalidUrl {
-                url: redact_url(&settings.url),
-                reason: scrub_url(&e.to_string(), &settings.url),
+                url: redact_database_url(&settings.url),
+                reason: scrub_database_url(&e.to_string(), &settings.url),
             })?;
     // Server-side bounds on every session: a statement, and a wait for a row
     // lock (a custom cancel_sql without SKIP LOCKED then fails fast with 55P03,
