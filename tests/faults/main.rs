@@ -12,6 +12,7 @@
 mod broker_restart;
 mod consumer_kill;
 mod database_outage;
+mod failover;
 mod graceful_shutdown;
 mod isolation;
 mod payment_race;
