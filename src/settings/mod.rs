@@ -24,7 +24,9 @@ pub(crate) use self::action::bearer;
 pub use self::action::{
     ActionKind, ActionSettings, AmqpActionSettings, CheckSettings, FinalOutcome, HttpActionSettings,
 };
-pub(crate) use self::redact::{redact_url, scrub_url, url_list};
+#[cfg(feature = "service")]
+pub(crate) use self::redact::scrub_database_url;
+pub(crate) use self::redact::{redact_database_url, redact_url, scrub_url, url_list};
 pub use self::validate::InvalidSetting;
 use crate::topology::{Ladder, LadderError};
 
@@ -217,7 +219,10 @@ pub struct ConsumerSettings {
 /// The orders database.
 #[derive(Debug, Clone, Deserialize)]
 pub struct DatabaseSettings {
-    /// `postgres://` URL.
+    /// `postgres://` URL (or a key=value connection string). Several hosts,
+    /// `postgres://u@h1:5432,h2:5432/db?target_session_attrs=read-write`,
+    /// for a primary and its standbys: every connection goes to the first
+    /// host that takes writes (docs/src/contract/configuration.md).
     pub url: SecretString,
     /// Pooled connections.
     pub pool_size: usize,
@@ -388,9 +393,10 @@ impl AmqpSettings {
 }
 
 impl DatabaseSettings {
-    /// The database URL with its password replaced by `***`, for logs.
+    /// The database URL (every host of it) with its password replaced by
+    /// `***`, for logs.
     pub fn display_url(&self) -> String {
-        redact_url(&self.url)
+        redact_database_url(&self.url)
     }
 }
 

@@ -1,6 +1,8 @@
 //! URLs carry passwords: the forms of them that may be logged or put in an
 //! error message. `amqp.url` may be a comma-separated list of broker URLs (the
 //! nodes of a cluster): every URL of a list is redacted and scrubbed.
+//! `database.url` is one URL whose host part may list several hosts
+//! (`postgres://u:pw@h1:5432,h2:5432/db`): its commas separate hosts, not URLs.
 
 use secrecy::{ExposeSecret, SecretString};
 
@@ -18,6 +20,43 @@ pub(crate) fn redact_url(url: &SecretString) -> String {
         return url_list(raw).map(redact_one).collect::<Vec<_>>().join(",");
     }
     redact_one(raw)
+}
+
+/// The database URL with its password replaced by `***`: one URL, however
+/// many hosts it names, with a `password` parameter redacted as well.
+pub(crate) fn redact_database_url(url: &SecretString) -> String {
+    let raw = url.expose_secret();
+    let redacted = redact_one(raw);
+    match password_parameter(raw) {
+        Some(password) => redacted.replace(&format!("password={password}"), "password=***"),
+        None => redacted,
+    }
+}
+
+/// `text` with the database URL and its password scrubbed (see
+/// [`redact_database_url`]).
+#[cfg(feature = "service")]
+pub(crate) fn scrub_database_url(text: &str, url: &SecretString) -> String {
+    let raw = url.expose_secret();
+    if raw.is_empty() {
+        return text.to_owned();
+    }
+    let out = scrub_one(&text.replace(raw, &redact_database_url(url)), raw);
+    match password_parameter(raw).filter(|p| !p.is_empty()) {
+        Some(password) => out
+            .replace(password, "***")
+            .replace(&percent_decode(password), "***"),
+        None => out,
+    }
+}
+
+/// The value of a `password=` parameter of a URL's query or of a key=value
+/// connection string, as written.
+fn password_parameter(raw: &str) -> Option<&str> {
+    let at = raw.find("password=")?;
+    let value = &raw[at + "password=".len()..];
+    let end = value.find(['&', ' ']).unwrap_or(value.len());
+    Some(&value[..end])
 }
 
 fn redact_one(raw: &str) -> String {
@@ -137,6 +176,33 @@ mod tests {
         );
         let urls: Vec<_> = url_list(" a ,, b,").collect();
         assert_eq!(urls, ["a", "b"]);
+    }
+
+    #[test]
+    fn a_database_url_with_several_hosts_is_one_url() {
+        let url = SecretString::from(
+            "postgres://app:s%40cret@db-a:5432,db-b:5433/orders?target_session_attrs=read-write",
+        );
+        assert_eq!(
+            redact_database_url(&url),
+            "postgres://app:***@db-a:5432,db-b:5433/orders?target_session_attrs=read-write"
+        );
+        let text = "cannot connect to postgres://app:s%40cret@db-a:5432,db-b:5433/orders?target_session_attrs=read-write (s@cret)";
+        let scrubbed = scrub_database_url(text, &url);
+        assert!(!scrubbed.contains("cret"), "{scrubbed}");
+        assert!(
+            scrubbed.contains("@db-a:5432,db-b:5433/orders"),
+            "{scrubbed}"
+        );
+        let query =
+            SecretString::from("postgres://app@db-a,db-b/orders?password=hunter2&sslmode=require");
+        assert_eq!(
+            redact_database_url(&query),
+            "postgres://app:***@db-a,db-b/orders?password=***&sslmode=require"
+        );
+        assert!(!scrub_database_url("pw hunter2", &query).contains("hunter2"));
+        let keywords = SecretString::from("host=db-a,db-b user=app password=hunter2");
+        assert_eq!(redact_database_url(&keywords), "***");
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod broker_restart;
 mod catch_up;
 mod consumer_kill;
 mod database_outage;
+mod failover;
 mod graceful_shutdown;
 mod isolation;
 mod payment_race;

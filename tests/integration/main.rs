@@ -11,6 +11,7 @@ mod catch_up;
 mod check;
 mod cli;
 mod clock;
+mod database_hosts;
 mod definitions;
 mod delivery;
 mod demo;

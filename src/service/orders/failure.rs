@@ -19,9 +19,10 @@ pub enum FailureClass {
     /// serialization failure or deadlock, the statement timeout): split, and a
     /// lone message retries on its own backoff.
     Transient,
-    /// Nothing can succeed now: the database is unreachable, shutting down, out
-    /// of resources, did not answer in time, or the configured statement itself
-    /// is broken. Every message waits on one backoff; intake pauses.
+    /// Nothing can succeed now: the database is unreachable, shutting down,
+    /// read-only (a standby, a demoted primary), out of resources, did not
+    /// answer in time, or the configured statement itself is broken. Every
+    /// message waits on one backoff; intake pauses.
     Unavailable,
 }
 
@@ -36,6 +37,11 @@ pub fn classify(code: &str) -> FailureClass {
         "57014" | "55P03" | "55006" => Transient,
         // Admin, crash or cannot-connect-now shutdown; database dropped.
         "57P01" | "57P02" | "57P03" | "57P04" | "57P05" => Unavailable,
+        // Read-only SQL transaction: the connection reaches a standby, or a
+        // primary that was demoted or fenced read-only. No order can be
+        // cancelled through it; the store drops it, and a new connection
+        // finds the writable server (`target_session_attrs=read-write`).
+        "25006" => Unavailable,
         // Serialization failure, deadlock, statement completion unknown.
         "40001" | "40P01" | "40003" => Transient,
         // Deferred constraint violated at commit.
@@ -103,6 +109,16 @@ mod tests {
             ("58030", Unavailable, "I/O error"),
             ("28P01", Unavailable, "invalid password"),
             ("42501", Unavailable, "insufficient privilege"),
+            (
+                "25006",
+                Unavailable,
+                "read-only SQL transaction (a standby, a demoted primary)",
+            ),
+            (
+                "25001",
+                Transient,
+                "active SQL transaction: other 25xxx stay transient",
+            ),
         ];
         for (code, class, what) in table {
             assert_eq!(classify(code), class, "{code} ({what})");

@@ -51,17 +51,17 @@ pub enum Disposition {
 pub enum StoreError {
     /// No connection from the pool (the database is down, or every connection
     /// is busy for longer than `database.acquire_timeout_ms`).
-    #[error("no database connection: {0}")]
+    #[error("no database connection: {}", with_causes(.0))]
     Pool(#[source] PoolError),
     /// The pool cannot be built from the settings.
     #[error("database pool: {0}")]
     Build(#[source] PoolError),
     /// A statement failed (the server's error, or the connection's).
-    #[error("database statement failed: {0}")]
+    #[error("database statement failed: {}", with_causes(.0))]
     Query(#[from] tokio_postgres::Error),
     /// A configured statement cannot be prepared: it is wrong for this database
     /// (syntax, a missing table or column), whatever the orders.
-    #[error("cannot prepare {setting}: {source}")]
+    #[error("cannot prepare {setting}: {}", with_causes(.source))]
     Prepare {
         /// The setting holding the statement.
         setting: &'static str,
@@ -80,6 +80,14 @@ pub enum StoreError {
     /// never reused.
     #[error("no answer from the database within {0:?}")]
     Timeout(Duration),
+    /// The server answers but takes no writes (`transaction_read_only` is
+    /// on: a standby, or a primary fenced or demoted): no order can be
+    /// cancelled there. The connection is dropped.
+    #[error(
+        "the database is read-only (a standby or a demoted primary): list every host in \
+         database.url with target_session_attrs=read-write"
+    )]
+    ReadOnly,
     /// The URL does not parse.
     #[error("invalid database URL {url}: {reason}")]
     InvalidUrl {
@@ -109,6 +117,30 @@ impl StoreError {
         };
         Some((db.code().code(), db.message()))
     }
+}
+
+/// `error` with the causes its own text leaves out: tokio-postgres says "db
+/// error" or "error connecting to server", and what the server said (SQLSTATE
+/// first) or why the connection failed (refused, "database does not allow
+/// writes") is its source.
+pub(crate) fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let said = match cause.downcast_ref::<tokio_postgres::error::DbError>() {
+            Some(db) => format!("SQLSTATE {}: {}", db.code().code(), db.message()),
+            None => cause.to_string(),
+        };
+        if !text.contains(&said) {
+            text = match text.strip_suffix("db error") {
+                // "db error" says only that the server answered with one.
+                Some(head) if said.starts_with("SQLSTATE") => format!("{head}{said}"),
+                _ => format!("{text}: {said}"),
+            };
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// Cancels due orders. The consumer and the sweeper depend on this trait, not
@@ -304,6 +336,28 @@ mod tests {
                 Disposition::NotDue(Duration::from_millis(1_500)),
                 Disposition::NotDue(Duration::from_millis(200)),
             ]
+        );
+    }
+
+    #[test]
+    fn an_error_says_what_caused_it() {
+        let refused = std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "database does not allow writes",
+        );
+        let outer = std::io::Error::other(refused);
+        assert_eq!(
+            with_causes(&outer),
+            "database does not allow writes",
+            "a cause already in the text is not repeated"
+        );
+        #[derive(Debug, thiserror::Error)]
+        #[error("error connecting to server")]
+        struct Connect(#[source] std::io::Error);
+        let refused = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "read-only");
+        assert_eq!(
+            with_causes(&Connect(refused)),
+            "error connecting to server: read-only"
         );
     }
 

@@ -6,6 +6,16 @@
 //! client side ([`Checkout`]): `statement_timeout` is the server's, and a server
 //! that went silent (a failover, a dropped route) never sends it. A connection
 //! whose call did not finish is detached from the pool and closed, never reused.
+//!
+//! Failover: `database.url` may name several hosts with
+//! `target_session_attrs=read-write`; tokio-postgres then tries them in order
+//! and keeps the first that takes writes. That choice is made when a connection
+//! opens, and the pool's recycling (`is_closed` only) never makes it again, so
+//! a pooled connection can outlive its server's role: a primary fenced or
+//! demoted while it stays up answers every write with SQLSTATE 25006. A call
+//! that fails with the unavailable class (25006, a shutdown, a broken socket,
+//! no answer) therefore drops its connection and every idle one of the pool:
+//! the next call opens a new connection, to whichever host takes writes then.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -16,11 +26,13 @@ use secrecy::ExposeSecret;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row, Statement};
 
-use super::{Disposition, Existing, OrderStore, PooledClient, StoreError, dispositions};
+use super::{
+    Disposition, Existing, FailureClass, OrderStore, PooledClient, StoreError, dispositions,
+};
 use crate::clock::Clock;
 use crate::publisher::ExpiryMessage;
 use crate::service::migrations::migration_sql;
-use crate::settings::{DatabaseSettings, Settings, redact_url, scrub_url};
+use crate::settings::{DatabaseSettings, Settings, redact_database_url, scrub_database_url};
 
 /// [`OrderStore`] on PostgreSQL.
 #[derive(Clone)]
@@ -86,7 +98,8 @@ impl PgOrderStore {
     async fn checkout(&self) -> Result<Checkout, StoreError> {
         Ok(Checkout {
             client: Some(self.pool.get().await?),
-            interrupted: false,
+            pool: self.pool.clone(),
+            detach: false,
             timeout: self.query_timeout,
         })
     }
@@ -112,7 +125,7 @@ impl PgOrderStore {
         pay_deadline: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         let insert = "INSERT INTO orders (id, pay_deadline) VALUES ($1, $2)";
-        self.client()
+        self.checkout()
             .await?
             .execute(insert, &[&id, &pay_deadline])
             .await?;
@@ -123,7 +136,7 @@ impl PgOrderStore {
     pub async fn pay(&self, id: &str) -> Result<bool, StoreError> {
         let pay = "UPDATE orders SET status = 'paid', paid_at = now() \
                    WHERE id = $1 AND status = 'unpaid'";
-        let n = self.client().await?.execute(pay, &[&id]).await?;
+        let n = self.checkout().await?.execute(pay, &[&id]).await?;
         Ok(n == 1)
     }
 }
@@ -193,9 +206,15 @@ impl OrderStore for PgOrderStore {
             .map_err(|_| shape())
     }
 
+    /// Ready means able to cancel: a server that answers but refuses writes
+    /// (a standby, a fenced primary) is not ready, and its connection goes.
     async fn ping(&self) -> Result<(), StoreError> {
         let mut db = self.checkout().await?;
-        db.simple("SELECT 1").await?;
+        let read_only = db.simple("SHOW transaction_read_only").await?;
+        if read_only.as_deref() == Some("on") {
+            db.detach = true;
+            return Err(StoreError::ReadOnly);
+        }
         Ok(())
     }
 }
@@ -298,25 +317,28 @@ fn shape(setting: &'static str, problem: String) -> StoreError {
 }
 
 /// A pooled connection for one store call. Each prepare and query is bounded
-/// by `timeout`; a call that did not finish (it timed out, or the caller gave up
-/// on it) leaves the connection with a request in flight, perhaps on a dead
-/// socket: dropping the checkout then detaches it from the pool and closes it.
+/// by `timeout`. Dropping the checkout detaches the connection from the pool
+/// and closes it when it must not be used again:
+/// - a call did not finish (it timed out, or the caller gave up on it): the
+///   connection has a request in flight, perhaps on a dead socket;
+/// - a call failed with the unavailable class (see the module docs): then
+///   the pool's idle connections go too, as they reach the same server.
 struct Checkout {
     client: Option<Object>,
-    interrupted: bool,
+    pool: Pool,
+    detach: bool,
     timeout: Duration,
 }
 
 impl Checkout {
     async fn prepare(&mut self, setting: &'static str, sql: &str) -> Result<Statement, StoreError> {
         let client = held(&self.client, self.timeout)?;
-        bounded(
-            &mut self.interrupted,
-            self.timeout,
-            client.prepare_cached(sql),
+        let call = client.prepare_cached(sql);
+        let answer = bounded(&mut self.detach, self.timeout, call).await?;
+        settled(
+            &mut self.detach,
+            answer.map_err(|source| StoreError::Prepare { setting, source }),
         )
-        .await?
-        .map_err(|source| StoreError::Prepare { setting, source })
     }
 
     async fn query(
@@ -326,14 +348,31 @@ impl Checkout {
     ) -> Result<Vec<Row>, StoreError> {
         let client = held(&self.client, self.timeout)?;
         let call = client.query(statement, params);
-        Ok(bounded(&mut self.interrupted, self.timeout, call).await??)
+        let answer = bounded(&mut self.detach, self.timeout, call).await?;
+        settled(&mut self.detach, answer.map_err(StoreError::from))
     }
 
-    async fn simple(&mut self, sql: &str) -> Result<(), StoreError> {
+    async fn execute(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, StoreError> {
+        let client = held(&self.client, self.timeout)?;
+        let call = client.execute(sql, params);
+        let answer = bounded(&mut self.detach, self.timeout, call).await?;
+        settled(&mut self.detach, answer.map_err(StoreError::from))
+    }
+
+    /// Runs `sql` (simple protocol); the first column of its first row.
+    async fn simple(&mut self, sql: &str) -> Result<Option<String>, StoreError> {
         let client = held(&self.client, self.timeout)?;
         let call = client.simple_query(sql);
-        bounded(&mut self.interrupted, self.timeout, call).await??;
-        Ok(())
+        let answer = bounded(&mut self.detach, self.timeout, call).await?;
+        let messages = settled(&mut self.detach, answer.map_err(StoreError::from))?;
+        Ok(messages.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+            _ => None,
+        }))
     }
 }
 
@@ -342,27 +381,36 @@ fn held(client: &Option<Object>, timeout: Duration) -> Result<&Object, StoreErro
     client.as_ref().ok_or(StoreError::Timeout(timeout))
 }
 
-/// Awaits `call` for at most `timeout`, with `interrupted` set while it runs.
+/// Awaits `call` for at most `timeout`, with `detach` set while it runs (a
+/// call given up on leaves it set).
 async fn bounded<T>(
-    interrupted: &mut bool,
+    detach: &mut bool,
     timeout: Duration,
     call: impl Future<Output = Result<T, tokio_postgres::Error>>,
 ) -> Result<Result<T, tokio_postgres::Error>, StoreError> {
-    *interrupted = true;
-    let answer = tokio::time::timeout(timeout, call)
+    *detach = true;
+    tokio::time::timeout(timeout, call)
         .await
-        .map_err(|_| StoreError::Timeout(timeout))?;
-    *interrupted = false;
-    Ok(answer)
+        .map_err(|_| StoreError::Timeout(timeout))
+}
+
+/// A finished call's answer; `detach` stays set only when it failed with the
+/// unavailable class.
+fn settled<T>(detach: &mut bool, answer: Result<T, StoreError>) -> Result<T, StoreError> {
+    *detach = matches!(&answer, Err(e) if e.class() == FailureClass::Unavailable);
+    answer
 }
 
 impl Drop for Checkout {
     fn drop(&mut self) {
         if let Some(client) = self.client.take()
-            && self.interrupted
+            && self.detach
         {
-            // Detached: dropping the connection closes it instead of pooling it.
+            // Detached: dropping the connection closes it instead of pooling
+            // it; the idle ones were opened before the failure, to the same
+            // server, and go as well.
             drop(Object::take(client));
+            drop(self.pool.retain(|_, _| false));
         }
     }
 }
@@ -388,8 +436,8 @@ pub(crate) fn connect_config(
             .expose_secret()
             .parse()
             .map_err(|e: tokio_postgres::Error| StoreError::InvalidUrl {
-                url: redact_url(&settings.url),
-                reason: scrub_url(&e.to_string(), &settings.url),
+                url: redact_database_url(&settings.url),
+                reason: scrub_database_url(&e.to_string(), &settings.url),
             })?;
     // Server-side bounds on every session: a statement, and a wait for a row
     // lock (a custom cancel_sql without SKIP LOCKED then fails fast with 55P03,

@@ -41,7 +41,7 @@ use self::report::report;
 use self::round::{RowFate, fate};
 use super::backoff::Backoff;
 use super::http::{OutboxState, Readiness};
-use super::orders::{StoreError, connect_config};
+use super::orders::{StoreError, connect_config, with_causes};
 use crate::clock::Clock;
 use crate::publisher::{ScheduleError, Scheduler};
 use crate::settings::{OutboxSettings, Settings};
@@ -84,7 +84,7 @@ pub enum RelayError {
     #[error(transparent)]
     Settings(#[from] StoreError),
     /// A statement failed, or the connection did.
-    #[error("outbox database call failed: {0}")]
+    #[error("outbox database call failed: {}", with_causes(.0))]
     Database(#[from] tokio_postgres::Error),
     /// No answer within `database.query_timeout_ms`.
     #[error("no answer from the database within {0:?}")]

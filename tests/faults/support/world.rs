@@ -35,9 +35,24 @@ impl World {
     /// Makes sure the broker and the database run (an earlier test may have
     /// left them down), then builds the world; `name` labels its logs.
     pub async fn new(name: &'static str) -> Self {
+        Self::build(name, order_expiry_testkit::World::builder()).await
+    }
+
+    /// A world whose orders live in the database of `url` (the failover
+    /// pair's, [`order_expiry_testkit::pg_pair::url`]) instead of the test
+    /// database.
+    pub async fn on_database(name: &'static str, url: &str) -> Self {
+        Self::build(
+            name,
+            order_expiry_testkit::World::builder().database_url(url),
+        )
+        .await
+    }
+
+    async fn build(name: &'static str, builder: order_expiry_testkit::WorldBuilder) -> Self {
         ensure_broker_up();
         ensure_database_up();
-        let world = order_expiry_testkit::World::new().await;
+        let world = builder.build().await.expect("a test world");
         let logs = std::env::temp_dir().join(format!("order-expiry-faults-{}", world.id));
         std::fs::create_dir_all(&logs).expect("log dir");
         eprintln!(
@@ -61,11 +76,7 @@ impl World {
     /// Opens a transaction holding the row locks of `ids`: a cancel statement
     /// touching any of them blocks until [`RowLock::release`].
     pub async fn lock_rows(&self, ids: &[&str]) -> RowLock {
-        let url = self.settings.database.url.expose_secret();
-        let (client, connection) = tokio_postgres::connect(url, NoTls)
-            .await
-            .expect("locking connection");
-        tokio::spawn(connection);
+        let client = self.connect().await.expect("locking connection");
         client.batch_execute("BEGIN").await.expect("begin");
         client
             .execute(
@@ -77,16 +88,45 @@ impl World {
         RowLock { client }
     }
 
-    /// Every order row, retrying while the database comes back.
+    /// Every order row, retrying while the database comes back. Read on a
+    /// connection of its own: a pooled one may still reach a server that
+    /// stopped being the primary (and holds what it had then).
     pub async fn rows(&self) -> HashMap<String, OrderRow> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            match self.orders().await {
+            match self.read_rows().await {
                 Ok(rows) => return rows,
                 Err(e) if Instant::now() > deadline => panic!("reading orders: {e}"),
                 Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
             }
         }
+    }
+
+    async fn read_rows(&self) -> Result<HashMap<String, OrderRow>, tokio_postgres::Error> {
+        let client = self.connect().await?;
+        let select = "SELECT id, status, pay_deadline, paid_at, cancelled_at FROM orders";
+        let rows = client.query(select, &[]).await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let row = OrderRow {
+                    status: r.get(1),
+                    pay_deadline: r.get(2),
+                    paid_at: r.get(3),
+                    cancelled_at: r.get(4),
+                };
+                (r.get(0), row)
+            })
+            .collect())
+    }
+
+    /// A new connection to the world's database (with several hosts, the
+    /// one that takes writes), its schema first on the search path.
+    pub async fn connect(&self) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+        let url = self.settings.database.url.expose_secret();
+        let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+        tokio::spawn(connection);
+        Ok(client)
     }
 
     /// This world's non-empty queues as `name ready/unacked`, from `rabbitmqctl`.

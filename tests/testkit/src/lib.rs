@@ -11,6 +11,8 @@
 //! - [`served`]: [`Served`]: `order-expiry serve` as a child, its HTTP endpoint.
 //! - [`cluster`]: the local three-node cluster of `scripts/lib/cluster.sh`:
 //!   its nodes (kill, pause, stop, start, leaders) and URLs.
+//! - [`pg_pair`]: the PostgreSQL primary and standby of
+//!   `scripts/lib/pg-pair.sh`: kill, stop, fence, promote, replication paused.
 //! - [`procfs`]: memory and CPU of processes, from `/proc`.
 //! - [`proxy`]: [`Proxy`]: a TCP proxy that can turn into a black hole.
 //! - [`endpoint`]: [`Endpoint`]: a scripted local order service (the HTTP
@@ -31,6 +33,7 @@ pub mod child;
 pub mod cluster;
 pub mod consumer;
 pub mod endpoint;
+pub mod pg_pair;
 pub mod procfs;
 pub mod proxy;
 pub mod served;

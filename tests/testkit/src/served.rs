@@ -211,6 +211,16 @@ impl ReadyWatch {
         }
     }
 
+    /// The first answer after `since` that `matches`, and when it came.
+    pub fn first_after(&self, since: Instant, matches: impl Fn(u16) -> bool) -> Option<Instant> {
+        self.samples
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(at, s)| *at >= since && matches(*s))
+            .map(|(at, _)| *at)
+    }
+
     /// Every answer between `from` and `to`.
     pub fn between(&self, from: Instant, to: Instant) -> Vec<u16> {
         self.samples

@@ -119,6 +119,13 @@ impl WorldBuilder {
         self
     }
 
+    /// Another database (e.g. the failover pair's multi-host URL,
+    /// [`crate::pg_pair::url`]); the world's schema is made there.
+    pub fn database_url(mut self, url: &str) -> Self {
+        self.settings.database.url = SecretString::from(url.to_owned());
+        self
+    }
+
     /// Another broker URL (another vhost, another user).
     pub fn amqp_url(mut self, url: &str) -> Self {
         self.settings.amqp.url = SecretString::from(url.to_owned());

@@ -1,0 +1,82 @@
+//! Scenario 3: the primary is killed in the middle of a flash sale: 10,000
+//! orders (bundles on, as by default) due within 10 s, the kill when about
+//! 4 s of them have come due, the standby promoted 2 s later.
+
+use std::time::Duration;
+
+use order_expiry_testkit::pg_pair::{self, Replication};
+
+use super::run::{Scenario, until};
+use super::timeline::Timeline;
+use crate::support::{Ledger, at_ms, order, settle};
+
+const ORDERS: usize = 10_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long: scripts/test --long"]
+async fn primary_killed_mid_flash_sale_every_order_cancelled_within_ten_seconds() {
+    let s = Scenario::start("failover: flash sale", Replication::Sync, &[]).await;
+    // Due from 10 s to 20 s after the start, in no order; one in ten paid.
+    let orders: Vec<_> = (0..ORDERS)
+        .map(|i| {
+            order(
+                format!("s-{i}"),
+                at_ms(10_000 + (i as i64 * 7_919) % 10_000),
+            )
+        })
+        .collect();
+    s.world.create_orders(&orders).await;
+    let results = s.scheduler.schedule_many(orders.iter().cloned()).await;
+    let paid: Vec<&str> = orders
+        .iter()
+        .step_by(10)
+        .map(|(id, _)| id.as_str())
+        .collect();
+    let client = s.world.connect().await.expect("database");
+    let update = "UPDATE orders SET status = 'paid', paid_at = now() WHERE id = ANY($1)";
+    client.execute(update, &[&paid]).await.expect("pay");
+    let mut ledger = Ledger::default();
+    for (i, ((id, due), result)) in orders.iter().zip(&results).enumerate() {
+        ledger.add(id, *due, result.is_ok(), i % 10 == 0);
+    }
+    let bundles = s
+        .served
+        .metric("order_expiry_orders_per_message_count")
+        .await;
+
+    until(s.began, Duration::from_secs(14)).await;
+    let fault = Timeline::fault_now();
+    pg_pair::kill(1).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let timeline = Timeline::new(fault, pg_pair::promote(2).await);
+
+    let figures = settle(&s.world, &ledger, Duration::from_secs(120)).await;
+    let recovery = s.recovery(&timeline, &ledger).await;
+    let served_cancels = s
+        .served
+        .metric("order_expiry_messages_total{outcome=\"cancelled\"}")
+        .await;
+    let messages = s
+        .served
+        .metric("order_expiry_orders_per_message_count")
+        .await
+        - bundles;
+    figures.print(
+        "failover: primary killed -9 mid flash sale, standby promoted 2 s later (synchronous)",
+        &format!(
+            "{}; serve's cancels {served_cancels}, the database's {}; due messages {messages} for {} orders",
+            recovery.describe(),
+            figures.cancelled,
+            ORDERS,
+        ),
+    );
+    figures.assert_invariants();
+    recovery.assert_within_bound();
+    s.served.assert_nothing_swept().await;
+    assert!(served_cancels <= figures.cancelled as f64);
+    assert!(
+        recovery.due_in_outage > 0,
+        "no order came due in the outage"
+    );
+    s.finish().await;
+}

@@ -1,0 +1,236 @@
+//! Scenarios 4 and 5: the standby falls behind, then the primary dies. Node 1's
+//! walsenders are stopped (SIGSTOP) for 3 s while cancels and payments go on,
+//! node 1 is killed -9, and node 2 is promoted 2 s later with what it had.
+//!
+//! - Synchronous replication (4): no commit returns while the standby lags, so
+//!   nothing a commit answered is lost; the cancels that waited are retried on
+//!   the new primary. The price: every write waits while the standby does.
+//! - Asynchronous replication (5): the commits of the 3 s answer at once and
+//!   are lost with node 1. A lost cancel leaves its order unpaid, and its
+//!   message was acked: nothing sends it again; only the sweeper cancels it
+//!   (`grace_ms` after its due time). A lost payment leaves its order unpaid
+//!   too, and it is cancelled when due.
+
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use order_expiry_testkit::pg_pair::{self, Replication};
+
+use super::run::{Paid, Scenario, pay_for_sure, until};
+use super::timeline::Timeline;
+use crate::support::{Ledger, Placed, World, settle};
+
+/// What the lag and the kill did.
+struct Lagged {
+    s: Scenario,
+    ledger: Ledger,
+    timeline: Timeline,
+    /// Orders paid in the lag window with an answer.
+    paid_in_window: Vec<String>,
+}
+
+async fn lag_then_kill(name: &'static str, mode: Replication) -> Lagged {
+    let s = Scenario::start(name, mode, &[]).await;
+    let mut ledger = s
+        .place("r", 500, Duration::from_secs(2), Duration::from_secs(14))
+        .await;
+    // In the window: payments of orders due last, not paid up front.
+    let to_pay: Vec<String> = unpaid(&ledger)
+        .rev()
+        .take(20)
+        .map(|o| o.id.clone())
+        .collect();
+
+    until(s.began, Duration::from_secs(5)).await;
+    pg_pair::pause_replication().await;
+    let url = secrecy::ExposeSecret::expose_secret(&s.world.settings.database.url).to_owned();
+    let store = std::sync::Arc::clone(&s.world.store);
+    let window_ends = Utc::now() + chrono::TimeDelta::seconds(2);
+    let payments = tokio::spawn(async move {
+        let mut paid = Vec::new();
+        for id in to_pay {
+            if pay_for_sure(
+                &store,
+                &url,
+                &id,
+                Utc::now() + chrono::TimeDelta::seconds(40),
+            )
+            .await
+                == Paid::Yes
+            {
+                paid.push((id, Utc::now() < window_ends));
+            }
+        }
+        paid
+    });
+    until(s.began, Duration::from_secs(8)).await;
+    let fault = Timeline::fault_now();
+    pg_pair::kill(1).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let timeline = Timeline::new(fault, pg_pair::promote(2).await);
+    let paid = payments.await.expect("payments");
+    for (id, _) in &paid {
+        if let Some(placed) = ledger.orders.iter_mut().find(|o| &o.id == id) {
+            placed.paid = true;
+        }
+    }
+    let paid_in_window = paid
+        .into_iter()
+        .filter(|(_, w)| *w)
+        .map(|(id, _)| id)
+        .collect();
+    Lagged {
+        s,
+        ledger,
+        timeline,
+        paid_in_window,
+    }
+}
+
+fn unpaid(ledger: &Ledger) -> impl DoubleEndedIterator<Item = &Placed> {
+    ledger.orders.iter().filter(|o| o.scheduled && !o.paid)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long: scripts/test --long"]
+async fn synchronous_replication_loses_no_cancel_when_the_standby_lags_at_the_kill() {
+    let Lagged {
+        s,
+        ledger,
+        timeline,
+        paid_in_window,
+    } = lag_then_kill("failover: standby lagging, synchronous", Replication::Sync).await;
+    let figures = settle(&s.world, &ledger, Duration::from_secs(60)).await;
+    let recovery = s.recovery(&timeline, &ledger).await;
+    let served_cancels = s
+        .served
+        .metric("order_expiry_messages_total{outcome=\"cancelled\"}")
+        .await;
+    figures.print(
+        "failover: standby 3 s behind at the kill (synchronous)",
+        &format!(
+            "{}; serve's cancels {served_cancels}, the database's {}; payments answered within the \
+             window {} (they wait for the standby), all payments answered {}",
+            recovery.describe(),
+            figures.cancelled,
+            paid_in_window.len(),
+            figures.paid,
+        ),
+    );
+    figures.assert_invariants();
+    recovery.assert_within_bound();
+    s.served.assert_nothing_swept().await;
+    assert!(served_cancels <= figures.cancelled as f64);
+    assert!(
+        recovery.due_in_outage > 0,
+        "no order came due in the outage"
+    );
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long: scripts/test --long"]
+async fn asynchronous_replication_loses_the_cancels_of_the_lag_and_only_the_sweeper_repairs_them() {
+    let Lagged {
+        s,
+        ledger,
+        timeline,
+        paid_in_window,
+    } = lag_then_kill(
+        "failover: standby lagging, asynchronous",
+        Replication::Async,
+    )
+    .await;
+    // Every order due, and time for what the ladder still holds.
+    let last_due = ledger
+        .orders
+        .iter()
+        .map(|o| o.due_at)
+        .max()
+        .expect("orders");
+    let wait = (last_due - Utc::now()).to_std().unwrap_or_default() + Duration::from_secs(10);
+    tokio::time::sleep(wait).await;
+    let rows = s.world.rows().await;
+    let lost: Vec<&Placed> = unpaid(&ledger)
+        .filter(|o| rows[&o.id].status == "unpaid")
+        .collect();
+    let paid_lost = paid_in_window
+        .iter()
+        .filter(|id| rows[*id].status != "paid")
+        .count();
+    let paid_then_cancelled = paid_in_window
+        .iter()
+        .filter(|id| rows[*id].status == "cancelled")
+        .count();
+    let cancelled = rows.values().filter(|r| r.status == "cancelled").count();
+    let served_cancels = s
+        .served
+        .metric("order_expiry_messages_total{outcome=\"cancelled\"}")
+        .await;
+    let recovery = s.recovery(&timeline, &ledger).await;
+
+    // The repair: a serve with the sweeper on (its defaults: grace 3 s, every 1 s).
+    let swept_from = Instant::now();
+    let after_last_due = (Utc::now() - last_due).num_milliseconds() as f64 / 1e3;
+    let sweeper = s
+        .world
+        .serve(&[("ORDER_EXPIRY__SWEEPER__ENABLED", "true")])
+        .await;
+    let repaired = repaired_within(&s.world, &lost, swept_from, Duration::from_secs(60)).await;
+    let swept = sweeper.metric("order_expiry_swept_total").await;
+    eprintln!(
+        "FIGURES failover: standby 3 s behind at the kill (asynchronous): {}; serve's cancels \
+         {served_cancels}, the database's {cancelled}: {} cancels lost ({} orders unpaid past \
+         due), payments answered in the window {}, lost {paid_lost}, of them cancelled when due \
+         {paid_then_cancelled}; a serve with the sweeper started {:.1} s after the last order was \
+         due cancelled {swept} ({}), all {:.1} s after it was started",
+        recovery.describe(),
+        served_cancels - cancelled as f64,
+        lost.len(),
+        paid_in_window.len(),
+        after_last_due,
+        if repaired.is_some() {
+            "every lost one"
+        } else {
+            "not all"
+        },
+        repaired.unwrap_or(swept_from.elapsed()).as_secs_f64(),
+    );
+    assert!(
+        !lost.is_empty(),
+        "no cancel was lost: the 3 s lag did not reach the standby's promotion"
+    );
+    assert_eq!(
+        served_cancels - cancelled as f64,
+        lost.len() as f64,
+        "the lost orders are exactly the cancels serve made on the old primary"
+    );
+    assert!(
+        repaired.is_some(),
+        "the sweeper did not cancel every lost order"
+    );
+    assert_eq!(
+        swept,
+        lost.len() as f64,
+        "the sweeper cancelled the lost ones, no more"
+    );
+    drop(sweeper);
+    s.finish().await;
+}
+
+/// How long after `started` every order of `lost` was cancelled, within `limit`.
+async fn repaired_within(
+    world: &World,
+    lost: &[&Placed],
+    started: Instant,
+    limit: Duration,
+) -> Option<Duration> {
+    while started.elapsed() < limit {
+        let rows = world.rows().await;
+        if lost.iter().all(|o| rows[&o.id].status == "cancelled") {
+            return Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
