@@ -195,6 +195,11 @@ pub struct ConsumerSettings {
     /// Longest retry delay (`retry_max_ms`).
     #[serde(rename = "retry_max_ms", with = "millis")]
     pub retry_max: Duration,
+    /// Longest wait between two tries of the action while nothing can
+    /// succeed (the database or the order service unreachable):
+    /// `outage_retry_max_ms`.
+    #[serde(rename = "outage_retry_max_ms", with = "millis")]
+    pub outage_retry_max: Duration,
     /// Tries a failing order is retried held (unacked, in memory) before it
     /// leaves its delivery through the ladder (`held_retries`).
     pub held_retries: u32,

@@ -164,6 +164,12 @@ impl Settings {
             "consumer.retry_max_ms",
             c.retry_max,
         )?;
+        backoff(
+            "consumer.retry_initial_ms",
+            c.retry_initial,
+            "consumer.outage_retry_max_ms",
+            c.outage_retry_max,
+        )?;
         nonzero("consumer.drain_timeout_ms", c.drain_timeout)?;
         let max_secs = self.ladder().map(|l| l.max_delay_secs()).unwrap_or(0);
         ladder_delays(

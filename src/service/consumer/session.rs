@@ -133,7 +133,7 @@ impl<'a, A: Action> Session<'a, A> {
             backlog: Backlog::new(consumer.clock.clone(), settings.catch_up_rate),
             in_flight: InFlight::new(),
             retries: Retries::new(settings.retry_initial, settings.retry_max),
-            outage: Outage::new(settings.retry_initial, settings.retry_max),
+            outage: Outage::new(settings.retry_initial, settings.outage_retry_max),
             worked: false,
             catch_up_reported: 0,
             started: Instant::now(),
