@@ -11,9 +11,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ExchangeKind};
 use thiserror::Error;
 
-use super::describe::{
-    Arg, Binding, Destination, Exchange, ExchangeType, PLACEMENT_ARGS, Topology,
-};
+use super::describe::{Arg, Binding, Destination, Exchange, ExchangeType, Queue, Topology};
 use super::guard;
 use super::ladder::LadderError;
 use crate::Settings;
@@ -146,7 +144,7 @@ impl Topology {
                         Ok(()) => break,
                         Err(error) => error,
                     };
-                let Some(key) = differing_placement(&error) else {
+                let Some(key) = differing_kept_arg(queue, &error) else {
                     return Err(error);
                 };
                 channel = open().await?;
@@ -270,9 +268,10 @@ async fn bind(channel: &Channel, b: &Binding, timeout: Duration) -> Result<(), B
     }
 }
 
-/// The placement argument a refused queue declare names, if that is why it was
-/// refused: `PRECONDITION_FAILED - inequivalent arg 'x-queue-leader-locator' ...`.
-fn differing_placement(error: &BrokerError) -> Option<&'static str> {
+/// The argument a refused queue declare names, if it is one the queue may have
+/// otherwise and that is why it was refused:
+/// `PRECONDITION_FAILED - inequivalent arg 'x-queue-leader-locator' ...`.
+fn differing_kept_arg(queue: &Queue, error: &BrokerError) -> Option<&'static str> {
     let BrokerError::Failed { source, .. } = error else {
         return None;
     };
@@ -280,8 +279,10 @@ fn differing_placement(error: &BrokerError) -> Option<&'static str> {
         return None;
     }
     let text = source.to_string();
-    PLACEMENT_ARGS
-        .into_iter()
+    queue
+        .kept_if_other
+        .iter()
+        .copied()
         .find(|key| text.contains(&format!("inequivalent arg '{key}'")))
 }
 

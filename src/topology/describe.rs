@@ -39,6 +39,11 @@ pub(crate) struct Exchange {
 pub(crate) struct Queue {
     pub(crate) name: String,
     pub(crate) arguments: BTreeMap<String, Arg>,
+    /// The arguments an existing queue may have otherwise (or lack) and still
+    /// be kept by [`Topology::apply_on`]: placement on every quorum queue, the
+    /// catch-up arguments on the due queue. Never a ladder level's TTL or
+    /// dead-letter target, whose difference makes messages early or lost.
+    pub(crate) kept_if_other: Vec<&'static str>,
 }
 
 /// Where a binding delivers.
@@ -109,6 +114,7 @@ impl Topology {
         let queue = |name| Queue {
             name,
             arguments: quorum.clone(),
+            kept_if_other: PLACEMENT_ARGS.to_vec(),
         };
         let binding = |source, destination, routing_key: &str| Binding {
             source,
@@ -132,7 +138,11 @@ impl Topology {
             // What no consumer took within the TTL moves on, at least once,
             // to the catch-up queue: after an outage the due queue holds only
             // what is due now.
+            // A due queue declared before the catch-up queue existed lacks
+            // these: it is kept, and nothing moves to catch-up until it is
+            // re-created.
             due.arguments.extend(catch_up_args(ladder, ttl));
+            due.kept_if_other.extend(CATCH_UP_ARGS);
             topology
                 .exchanges
                 .push(exchange(ladder.catch_up_exchange(), ExchangeType::Fanout));
@@ -260,7 +270,16 @@ fn holding_queue(ladder: &Ladder, settings: &TopologySettings, level: u8, name: 
         let max = i64::try_from(settings.max_length).unwrap_or(i64::MAX);
         arguments.insert("x-max-length".to_owned(), Arg::Int(max));
     }
-    Queue { name, arguments }
+    let kept_if_other = if settings.queue_type == QueueType::Quorum {
+        PLACEMENT_ARGS.to_vec()
+    } else {
+        Vec::new()
+    };
+    Queue {
+        name,
+        arguments,
+        kept_if_other,
+    }
 }
 
 #[cfg(test)]
@@ -300,6 +319,18 @@ mod tests {
                 Arg::Str("at-least-once".into())
             );
             assert_eq!(q.arguments["x-overflow"], Arg::Str("reject-publish".into()));
+        }
+    }
+
+    #[test]
+    fn only_the_due_queue_may_be_kept_without_its_catch_up_arguments() {
+        let ladder = Ladder::new("orders", 4).unwrap();
+        let t = Topology::describe(&ladder, &settings(QueueType::Quorum));
+        for q in &t.queues {
+            let catch_up = q.kept_if_other.contains(&"x-message-ttl");
+            assert_eq!(catch_up, q.name == ladder.due_queue(), "{}", q.name);
+            assert!(!q.kept_if_other.contains(&"x-max-length"), "{}", q.name);
+            assert!(q.kept_if_other.contains(&"x-queue-leader-locator"));
         }
     }
 

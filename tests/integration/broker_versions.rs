@@ -162,9 +162,10 @@ async fn the_leader_locator_is_kept_and_a_changed_one_refused_on_both() {
         .iter()
         .filter(|q| q["name"].as_str().unwrap().starts_with(&prefix))
         .collect();
+    // The levels; due, parked and catch-up.
     assert_eq!(
         ours.len(),
-        usize::from(env.ladder().levels()) + 2,
+        usize::from(env.ladder().levels()) + 3,
         "{ours:?}"
     );
     for queue in &ours {
@@ -214,7 +215,12 @@ async fn the_leader_locator_is_kept_and_a_changed_one_refused_on_both() {
         ..Default::default()
     };
     let refused = channel
-        .queue_declare(env.ladder().due_queue().as_str().into(), durable, arguments)
+        // The parked queue: the due queue carries the catch-up arguments too.
+        .queue_declare(
+            env.ladder().parked_queue().as_str().into(),
+            durable,
+            arguments,
+        )
         .await
         .expect_err("another leader locator is refused");
     assert!(
