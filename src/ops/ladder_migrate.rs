@@ -4,9 +4,11 @@
 //! `due_at`.
 //!
 //! The old ladder keeps expiring messages while this runs: a message moves
-//! down its levels and out into the old due queue. So each pass takes every
-//! old holding queue, highest level first, then the old due queue (and from
-//! another broker, its parked queue), and the passes repeat until they all
+//! down its levels and out into the old due queue, and what no consumer takes
+//! there within `topology.catch_up_after_ms` moves on to the old catch-up
+//! queue. So each pass takes every old holding queue, highest level first,
+//! then the old due queue, then its catch-up queue (and from another broker,
+//! its parked queue), and the passes repeat until they all
 //! are empty twice in a row, a second apart (a message being dead-lettered
 //! between two queues is briefly in neither). Each queue is drained with a
 //! consumer and a window of publisher confirms ([`QueueDrain`]); each message
@@ -202,14 +204,18 @@ impl LadderMigration {
         self.from_url.as_deref()
     }
 
-    /// The old queues, highest level first, then the old due queue, then
-    /// (from another broker) the old parked queue.
+    /// The old queues, highest level first, then the old due queue and its
+    /// catch-up queue (a ladder nobody consumes moves everything due there
+    /// after `catch_up_after_ms`; one declared before it had none, and a
+    /// missing queue is skipped), then (from another broker) the old parked
+    /// queue.
     fn sources(&self) -> Vec<(String, Carry)> {
         let mut queues: Vec<(String, Carry)> = (0..self.from.levels())
             .rev()
             .map(|l| (self.from.level_name(l), Carry::Orders))
             .collect();
         queues.push((self.from.due_queue(), Carry::Orders));
+        queues.push((self.from.catch_up_queue(), Carry::Orders));
         if self.from_url.is_some() {
             queues.push((self.from.parked_queue(), Carry::Parked));
         }
@@ -248,8 +254,10 @@ impl LadderMigration {
     /// Deletes the old ladder: first its exchanges, so that nothing can enter
     /// its queues any more; then one more migration of what entered them
     /// meanwhile; then its queues, each once it is empty (quorum queues do
-    /// not take `if-empty`). Its parked queue stays. Returns what was deleted
-    /// and what that last migration moved.
+    /// not take `if-empty`), and last the catch-up exchange (deleted before
+    /// the due queue, it would drop what that queue dead-letters). Its parked
+    /// queue stays. Returns what was deleted and what that last migration
+    /// moved.
     pub async fn delete_old(&mut self) -> Result<(Vec<String>, LadderMigrationReport), OpsError> {
         let timeout = self.source.timeout;
         let mut deleted = Vec::new();
@@ -286,6 +294,12 @@ impl LadderMigration {
             amqp::bounded(format!("deleting queue {queue}"), timeout, deleting).await?;
             deleted.push(queue);
         }
+        let exchange = self.from.catch_up_exchange();
+        let channel = self.source.channel().await?;
+        let options = ExchangeDeleteOptions::default();
+        let deleting = channel.exchange_delete(exchange.as_str().into(), options);
+        amqp::bounded(format!("deleting exchange {exchange}"), timeout, deleting).await?;
+        deleted.push(exchange);
         Ok((deleted, last))
     }
 

@@ -159,3 +159,63 @@ async fn migrate_22_to_24_levels_loses_nothing_and_cancels_nothing_early() {
 async fn migrate_a_prefix_rename_with_both_consumers_running() {
     migrate_while_running(22, 22, 2_000, true).await;
 }
+
+/// A ladder nobody consumes moves what falls due on to its catch-up queue
+/// after `topology.catch_up_after_ms`: the migration takes it from there too,
+/// and `--delete-old` removes that queue and its exchange. (The soak found
+/// orders scheduled into an old ladder just before its migration lost for
+/// the sweeper: the migration never looked at the old catch-up queue.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_moves_what_waited_in_the_old_catch_up_queue() {
+    let env = World::builder()
+        .kind("mgc")
+        .declare(false)
+        .build()
+        .await
+        .expect("a world");
+    let mut old = env.settings.clone();
+    old.topology.catch_up_after = Duration::from_secs(1);
+    env.declare(&old).await.unwrap();
+    let mut new = env.settings.clone();
+    new.topology.prefix = format!("{}-new", env.settings.topology.prefix);
+    env.declare(&new).await.unwrap();
+
+    let due = Utc::now() + TimeDelta::milliseconds(500);
+    let orders: Vec<(String, chrono::DateTime<Utc>)> =
+        (0..20).map(|i| (format!("c-{i:02}"), due)).collect();
+    env.create_orders(&orders).await;
+    let scheduler = order_expiry::Scheduler::from_settings(&old).expect("a scheduler");
+    for r in scheduler.schedule_many(orders).await {
+        r.expect("scheduled into the old ladder");
+    }
+    scheduler.close().await;
+    let catch_up = env.ladder().catch_up_queue();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while env.depth(&env.ladder().due_queue()).await > 0 || env.depth(&catch_up).await == 0 {
+        assert!(Instant::now() < deadline, "nothing reached {catch_up}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let consumer = env.start_consumer_with(&new);
+    let from = ["--from-prefix", &env.settings.topology.prefix];
+    let levels = env.settings.topology.levels.to_string();
+    let out = migrate(
+        &new,
+        &[&from[..], &["--from-levels", &levels, "--delete-old"]].concat(),
+    )
+    .await;
+    eprintln!("{out}");
+    assert!(number_after(&out, "moved") > 0.0, "{out}");
+    all_cancelled_none_early(&env, 20).await;
+    let channel = env.open_channel().await;
+    let passive = lapin::options::QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let gone = channel
+        .queue_declare(catch_up.as_str().into(), passive, Default::default())
+        .await;
+    assert!(gone.is_err(), "the old catch-up queue deleted");
+    consumer.stop().await;
+    env.cleanup().await;
+}
