@@ -15,13 +15,15 @@
 //! At the end: the ladder and due queues of both worlds empty; the sql world's
 //! parked queue holds exactly the poison messages sent, the http world's
 //! none; no `serve` exited on its own; memory flat (runs of 20 minutes or
-//! more).
+//! more); bursts made bundles (a tenth of the burst orders at least reached
+//! the consumers in due messages that carried more than one order).
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 
+use super::bundles::Bundling;
 use super::faults::{BASE_BOUND, Record};
 use super::memory::Samples;
 use super::traffic::{Gateway, Ledger, Order, Route};
@@ -77,6 +79,8 @@ pub(super) struct End<'a> {
     pub(super) sql_parked_queue: String,
     pub(super) exited: &'a [String],
     pub(super) memory: &'a Samples,
+    /// Orders per due message, as the `serve` processes decoded them.
+    pub(super) bundling: Bundling,
     pub(super) duration: Duration,
 }
 
@@ -117,6 +121,16 @@ pub(super) fn check(end: &End<'_>) -> Verdict {
     }
     if end.duration >= Duration::from_secs(20 * 60) {
         v.violations.extend(end.memory.growth());
+    }
+    let bursts = end.ledger.orders.iter().filter(|o| o.burst).count() as u64;
+    if end.bundling.bundled_orders() < bursts / 10 {
+        v.violations.push(format!(
+            "bundles did not form: {bursts} burst orders placed, {} orders came in \
+             bundles ({} bundles of {} due messages read)",
+            end.bundling.bundled_orders(),
+            end.bundling.bundles,
+            end.bundling.messages
+        ));
     }
     v
 }
@@ -320,6 +334,7 @@ mod tests {
             sql_parked_queue: "p.parked".into(),
             exited: &[],
             memory: &Samples::default(),
+            bundling: Bundling::default(),
             duration: Duration::from_secs(60),
         })
     }
@@ -439,6 +454,169 @@ mod tests {
             by_ladder.violations[0].contains("by the ladder"),
             "{:?}",
             by_ladder.violations
+        );
+    }
+
+    /// The whole end state, owned, for the violations that are not about
+    /// one sql-world order: start from a clean end and break one thing.
+    struct Case {
+        ledger: Ledger,
+        faults: Vec<Record>,
+        sql_rows: HashMap<String, Row>,
+        http_rows: HashMap<String, Row>,
+        queues: Vec<(String, u64)>,
+        exited: Vec<String>,
+        memory: Samples,
+        bundling: Bundling,
+        duration: Duration,
+    }
+
+    impl Case {
+        /// One sql order and one http order, both cancelled on time; one
+        /// burst order, and bundles seen.
+        fn clean() -> Self {
+            let mut http = order("h", 10);
+            http.which = Which::Http;
+            let mut burst = order("b", 10);
+            burst.burst = true;
+            Self {
+                ledger: Ledger {
+                    orders: vec![order("s", 10), http, burst],
+                    poison: 1,
+                    ..Ledger::default()
+                },
+                faults: Vec::new(),
+                sql_rows: HashMap::from([
+                    ("s".to_owned(), row(10, Some(11), None)),
+                    ("b".to_owned(), row(10, Some(11), None)),
+                ]),
+                http_rows: HashMap::from([("h".to_owned(), row(10, Some(11), None))]),
+                queues: vec![("p.parked".to_owned(), 1), ("p.due".to_owned(), 0)],
+                exited: Vec::new(),
+                memory: Samples::default(),
+                // 19 orders in 1 bundle, 9 messages of one order.
+                bundling: Bundling {
+                    messages: 10,
+                    orders: 28,
+                    bundles: 1,
+                },
+                duration: Duration::from_secs(60),
+            }
+        }
+
+        fn violations(&self) -> Vec<String> {
+            check(&End {
+                ledger: &self.ledger,
+                faults: &self.faults,
+                slot_worlds: &[Which::Sql, Which::Http],
+                sql_rows: &self.sql_rows,
+                http_rows: &self.http_rows,
+                queues: &self.queues,
+                sql_parked_queue: "p.parked".into(),
+                exited: &self.exited,
+                memory: &self.memory,
+                bundling: self.bundling,
+                duration: self.duration,
+            })
+            .violations
+        }
+    }
+
+    /// `case` broken by `breaking` gives exactly one violation, which says `what`.
+    fn one_violation(breaking: impl FnOnce(&mut Case), what: &str) {
+        let mut case = Case::clean();
+        breaking(&mut case);
+        let found = case.violations();
+        assert_eq!(found.len(), 1, "{what}: {found:?}");
+        assert!(found[0].contains(what), "{what}: {found:?}");
+    }
+
+    #[test]
+    fn every_violation_class_is_found() {
+        assert_eq!(Case::clean().violations(), Vec::<String>::new());
+        one_violation(
+            |c| c.ledger.orders[1].gateway = Gateway::Paid,
+            "the gateway said paid, yet cancelled",
+        );
+        one_violation(
+            |c| {
+                c.sql_rows.remove("s");
+            },
+            "s: scheduled but no row",
+        );
+        // The http world is judged by its own rows.
+        one_violation(
+            |c| {
+                c.http_rows.insert("h".into(), row(10, Some(9), None));
+            },
+            "h: early",
+        );
+        one_violation(
+            |c| {
+                c.http_rows.insert("h".into(), row(10, None, None));
+            },
+            "h: lost",
+        );
+        one_violation(
+            |c| c.queues[1].1 = 3,
+            "queue p.due: 3 messages at the end, 0 expected",
+        );
+        one_violation(
+            |c| c.queues[0].1 = 2,
+            "queue p.parked: 2 messages at the end, 1 expected",
+        );
+        one_violation(
+            |c| {
+                c.queues.remove(0);
+            },
+            "p.parked missing",
+        );
+        one_violation(
+            |c| c.exited.push("serve-sql-1".into()),
+            "serve-sql-1 exited on its own",
+        );
+        one_violation(
+            |c| {
+                c.faults.push(Record {
+                    kind: Kind::ParkedReplay,
+                    started: at(50),
+                    recovered: at(51),
+                    error: Some("exit 1".into()),
+                });
+            },
+            "injecting or repairing it failed: exit 1",
+        );
+        one_violation(
+            |c| {
+                c.ledger.orders[2].burst = false;
+                c.ledger.orders.extend((0..200).map(|i| {
+                    let mut o = order(&format!("b{i}"), 10);
+                    o.burst = true;
+                    o
+                }));
+                for i in 0..200 {
+                    let id = format!("b{i}");
+                    c.sql_rows.insert(id, row(10, Some(11), None));
+                }
+            },
+            "bundles did not form: 200 burst orders placed, 19 orders came in bundles",
+        );
+        let grow = |c: &mut Case| {
+            for minute in 0..=20 {
+                let rss = if minute < 19 { 200 } else { 400 } << 20;
+                c.memory.push("serve-sql-1", 7, at(minute * 60), rss);
+            }
+        };
+        // Memory is judged on runs of 20 minutes or more only.
+        let mut short = Case::clean();
+        grow(&mut short);
+        assert_eq!(short.violations(), Vec::<String>::new());
+        one_violation(
+            |c| {
+                grow(c);
+                c.duration = Duration::from_secs(20 * 60);
+            },
+            "serve-sql-1 (pid 7) grew from 200 MB (minutes 5-10) to 400 MB",
         );
     }
 }

@@ -48,6 +48,13 @@ impl Samples {
         }
     }
 
+    /// Adds one sample, as [`Self::watch`] does.
+    #[cfg(test)]
+    pub(super) fn push(&mut self, name: &str, pid: u32, at: DateTime<Utc>, rss: u64) {
+        let key = (name.to_owned(), pid);
+        self.series.entry(key).or_default().push((at, rss));
+    }
+
     /// A violation per process that grew.
     pub(super) fn growth(&self) -> Vec<String> {
         let mut found = Vec::new();

@@ -15,6 +15,7 @@
 //! faults: run it alone (scripts/test runs a short one in its cluster stage).
 //! The same seed draws the same faults and the same orders.
 
+mod bundles;
 mod check;
 mod faults;
 mod memory;
@@ -106,6 +107,10 @@ pub async fn run(settings: &Settings, args: &SoakArgs) -> anyhow::Result<()> {
         let (world, watching) = (Arc::clone(&world), watching.clone());
         tokio::spawn(async move { Samples::watch(&world, watching).await })
     };
+    let bundling = {
+        let (world, watching) = (Arc::clone(&world), watching.clone());
+        tokio::spawn(async move { bundles::watch(&world, watching).await })
+    };
 
     tokio::time::sleep(args.duration).await;
     stop.cancel();
@@ -126,6 +131,7 @@ pub async fn run(settings: &Settings, args: &SoakArgs) -> anyhow::Result<()> {
     let (sql_rows, http_rows) = settle(&world, &ledger).await?;
     watching.cancel();
     let memory = memory.await.context("the memory watch")?;
+    let bundling = bundling.await.context("the orders-per-message watch")?;
 
     let queues = queues(&world).await;
     let left = leftovers(&world, &queues, &ledger).await;
@@ -144,6 +150,7 @@ pub async fn run(settings: &Settings, args: &SoakArgs) -> anyhow::Result<()> {
         sql_parked_queue: world.sql.ladder().parked_queue(),
         exited: &exited,
         memory: &memory,
+        bundling,
         duration: args.duration,
     });
     verdict.violations.extend(left);
@@ -163,6 +170,7 @@ pub async fn run(settings: &Settings, args: &SoakArgs) -> anyhow::Result<()> {
         faults: &records,
         verdict: &verdict,
         memory: &memory,
+        bundling,
     };
     let text = report::text(&run);
     print!("{text}");

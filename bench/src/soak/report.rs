@@ -8,6 +8,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use plotters::prelude::*;
 
+use super::bundles::Bundling;
 use super::check::Verdict;
 use super::faults::Record;
 use super::memory::Samples;
@@ -24,6 +25,7 @@ pub(super) struct Run<'a> {
     pub(super) faults: &'a [Record],
     pub(super) verdict: &'a Verdict,
     pub(super) memory: &'a Samples,
+    pub(super) bundling: Bundling,
 }
 
 /// The text report.
@@ -108,6 +110,18 @@ pub(super) fn text(run: &Run<'_>) -> String {
         .map(|(name, lo, hi, last)| format!("{name} {lo}-{hi} MB (last {last})"))
         .collect();
     let _ = writeln!(out, "memory (RSS): {}", memory.join(", "));
+    let b = run.bundling;
+    let _ = writeln!(
+        out,
+        "orders per due message: {} orders in {} messages (mean {:.1}), {} of them bundles \
+         carrying {} orders (each serve's last reading of order_expiry_orders_per_message; a killed one's counts \
+         up to 10 s short)",
+        b.orders,
+        b.messages,
+        b.mean(),
+        b.bundles,
+        b.bundled_orders()
+    );
     if v.violations.is_empty() {
         let _ = writeln!(out, "checker: no violation");
     } else {

@@ -6,7 +6,8 @@
 //!   confirmed, as a real order service does), half through the outbox (the
 //!   order and its outbox row in one transaction), and one in a hundred not
 //!   scheduled at all (a crash between commit and publish: the sweeper's job).
-//!   Every 1-2.5 minutes a burst of 300-800 orders due within 2 s.
+//!   Every 1-2.5 minutes a burst of 300-800 orders due within 500 ms, paid
+//!   and extended like the rest: their bundles settle each order its own way.
 //! - The http world's order service places a quarter of that, through the
 //!   library; the gateway answers `paid` for one in ten, `pending` then
 //!   `unpaid` for another one in ten.
@@ -217,8 +218,11 @@ impl Traffic {
         while orders.join_next().await.is_some() {}
     }
 
-    /// A flash sale every 1-2.5 minutes: 300-800 orders due within 2 s, 20 s
-    /// ahead, half through the library, half through the outbox.
+    /// A flash sale every 1-2.5 minutes: 300-800 orders due within 500 ms
+    /// (0.6-1.6 a millisecond: `publisher.bundle_span_ms`, 10 ms, bundles them
+    /// by 6-16), 20 s ahead, half through the library, half through the outbox; paid (one in
+    /// five, some in the last 300 ms) and extended (one in twenty) like the
+    /// rest, so that one bundle carries orders to cancel, paid and extended.
     async fn bursts(self: Arc<Self>, seed: u64, stop: CancellationToken) {
         let mut rng = StdRng::seed_from_u64(seed);
         let mut orders = JoinSet::new();
@@ -231,8 +235,15 @@ impl Traffic {
             }
             b += 1;
             let count = rng.random_range(300..800);
-            let base = Utc::now() + TimeDelta::seconds(20);
+            let now = Utc::now();
+            let base = now + TimeDelta::seconds(20);
             for i in 0..count {
+                let due_at =
+                    whole_ms(base + TimeDelta::milliseconds(i64::from(i) * 500 / i64::from(count)));
+                let pay_after = payment(&mut rng, (due_at - now).num_milliseconds());
+                let extend_by = rng
+                    .random_bool(1.0 / 20.0)
+                    .then(|| Duration::from_millis(rng.random_range(5_000..15_000)));
                 let plan = Plan {
                     id: format!("b{b}-{i}"),
                     which: Which::Sql,
@@ -242,11 +253,9 @@ impl Traffic {
                         Route::Outbox
                     },
                     burst: true,
-                    due_at: whole_ms(
-                        base + TimeDelta::milliseconds(i64::from(i) * 2_000 / i64::from(count)),
-                    ),
-                    pay_after: None,
-                    extend_by: None,
+                    due_at,
+                    pay_after,
+                    extend_by,
                     gateway: Gateway::Unpaid,
                 };
                 orders.spawn(Arc::clone(&self).order(plan));

@@ -61,6 +61,8 @@ struct Slot {
     first: usize,
     child: Option<Child>,
     starts: u32,
+    /// Where the running `serve`'s `/metrics` and `/readyz` answer.
+    port: u16,
 }
 
 /// The worlds, the proxy, the endpoint and the `serve` processes.
@@ -156,6 +158,7 @@ impl SoakWorld {
         let log = self.logs.join(format!("{}-{}.log", slot.name, slot.starts));
         let mut settings = self.settings(slot.which, slot.first);
         let port = order_expiry_testkit::free_port();
+        slot.port = port;
         settings.http.listen = format!("127.0.0.1:{port}");
         let mut launch = Launch::new(&self.binary, log)
             .args(["serve"])
@@ -255,6 +258,21 @@ impl SoakWorld {
             .filter_map(|s| {
                 let running = s.child.as_mut().is_some_and(Child::running);
                 running.then(|| (s.name.clone(), s.child.as_ref().map_or(0, Child::pid)))
+            })
+            .collect()
+    }
+
+    /// The running `serve` processes: slot name, pid, and where `/metrics`
+    /// answers.
+    pub(super) async fn serve_metrics_addrs(&self) -> Vec<(String, u32, SocketAddr)> {
+        let mut slots = self.slots.lock().await;
+        slots
+            .iter_mut()
+            .filter_map(|s| {
+                let child = s.child.as_mut()?;
+                let pid = child.running().then(|| child.pid())?;
+                let addr = SocketAddr::from(([127, 0, 0, 1], s.port));
+                Some((s.name.clone(), pid, addr))
             })
             .collect()
     }
@@ -424,6 +442,7 @@ fn slot(name: &str, which: Which, first: usize) -> Slot {
         first,
         child: None,
         starts: 0,
+        port: 0,
     }
 }
 
