@@ -84,12 +84,19 @@ async fn cancelled(
         if times.len() == ids.len() {
             return times;
         }
-        assert!(
-            Instant::now() < deadline,
-            "{} of {} cancelled within {timeout:?}",
-            times.len(),
-            ids.len()
-        );
+        if Instant::now() >= deadline {
+            let missing: Vec<_> = ids
+                .iter()
+                .filter(|(id, _)| rows.get(id).is_none_or(|r| r.cancelled_at.is_none()))
+                .take(10)
+                .map(|(id, due)| format!("{id} (due {}, {:?})", due.format("%T%.3f"), rows.get(id)))
+                .collect();
+            panic!(
+                "{} of {} cancelled within {timeout:?}; not: {missing:?}",
+                times.len(),
+                ids.len()
+            );
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
