@@ -152,17 +152,24 @@ impl World {
         }
     }
 
-    /// The order ids of the messages ready in the due queue, left in the queue:
-    /// they are fetched unacked and returned when the channel closes.
+    /// The order ids of the messages ready for the next consumer, in the due
+    /// queue and its catch-up queue, left there: they are fetched unacked and
+    /// returned when the channel closes.
     pub async fn due_ids(&self) -> Vec<String> {
         let channel = self.open_channel().await;
-        let queue = self.ladder().due_queue();
+        let ladder = self.ladder();
         let mut ids = Vec::new();
-        let get = || channel.basic_get(queue.as_str().into(), BasicGetOptions { no_ack: false });
-        while let Some(message) = get().await.expect("basic.get") {
-            let decoded = DueMessage::decode(&message.delivery.data, None, 1 << 20)
-                .expect("a well-formed message in the due queue");
-            ids.extend(decoded.messages().map(|m| m.order_id.to_string()));
+        // What waited in the due queue longer than topology.catch_up_after_ms
+        // (counted from when it was first enqueued, so also a message a
+        // consumer held and handed back) is in the catch-up queue.
+        for queue in [ladder.due_queue(), ladder.catch_up_queue()] {
+            let get =
+                || channel.basic_get(queue.as_str().into(), BasicGetOptions { no_ack: false });
+            while let Some(message) = get().await.expect("basic.get") {
+                let decoded = DueMessage::decode(&message.delivery.data, None, 1 << 20)
+                    .expect("a well-formed message in the due queue");
+                ids.extend(decoded.messages().map(|m| m.order_id.to_string()));
+            }
         }
         let _ = channel.close(200, "requeue".into()).await;
         ids
