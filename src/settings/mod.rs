@@ -139,6 +139,15 @@ pub struct TopologySettings {
     /// when the due queue is declared (`catch_up_after_ms`).
     #[serde(rename = "catch_up_after_ms", with = "millis")]
     pub catch_up_after: Duration,
+    /// How long a quorum queue keeps the messages a consumer holds once that
+    /// consumer's node is unreachable, before it returns them to the queue
+    /// for the other consumers (`x-consumer-disconnected-timeout` of the
+    /// queues `serve` consumes; RabbitMQ 4.3's default is 60 s, which held
+    /// orders that long after a node died). 0: the argument is not set, the
+    /// broker's default applies. Fixed when a queue is declared
+    /// (`consumer_disconnected_timeout_ms`).
+    #[serde(rename = "consumer_disconnected_timeout_ms", with = "millis")]
+    pub consumer_disconnected_timeout: Duration,
 }
 
 /// The publisher library.
