@@ -29,6 +29,7 @@
 mod consumers;
 mod hung_node;
 mod minority;
+mod node_gone;
 mod node_loss;
 mod placement;
 mod support;
