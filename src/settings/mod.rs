@@ -81,6 +81,11 @@ pub struct AmqpSettings {
     /// Longest reconnect delay (`reconnect_max_ms`).
     #[serde(rename = "reconnect_max_ms", with = "millis")]
     pub reconnect_max: Duration,
+    /// AMQP heartbeat of `serve`'s consumer connection, for each URL that
+    /// sets none (`heartbeat_ms`; whole seconds, rounded up; 0: the broker's
+    /// 60 s). The consumer leaves a hung node within about twice this.
+    #[serde(rename = "heartbeat_ms", with = "millis")]
+    pub heartbeat: Duration,
     /// PEM file of the CA certificate(s) that sign the broker's certificate, for
     /// `amqps://` with a private CA; the system roots are trusted as well. Read
     /// on every (re)connect, so a rotated file is picked up without a restart.
