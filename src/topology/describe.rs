@@ -219,8 +219,8 @@ fn placement(replicas: u16) -> [(String, Arg); 2] {
 }
 
 /// The argument that bounds how long a quorum queue keeps what a consumer on
-/// an unreachable node holds (RabbitMQ 4.3; 3.10 accepts and ignores it, and
-/// returns such messages as soon as it sees the node go).
+/// an unreachable node holds (RabbitMQ 4.3; 3.10 has no such timeout, and
+/// accepts and stores the argument).
 pub(crate) const CONSUMER_DISCONNECTED_TIMEOUT: &str = "x-consumer-disconnected-timeout";
 
 /// The due queue's arguments that move what no consumer took within `ttl_ms`
