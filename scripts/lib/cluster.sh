@@ -214,7 +214,8 @@ cluster_kill() {
 # SIGSTOP of node N's beam only (found and verified as for kill): a hung node,
 # not a dead one. Its sockets stay open, the kernel still completes TCP
 # handshakes on its ports, and nothing answers: no AMQP, no distribution
-# traffic (its peers see it go only after net_ticktime, 60 s by default), no
+# traffic (its peers see it go only after net_ticktime: 10 s in the deployed
+# advanced.config the nodes run with, 60 s by default), no
 # CLI. The beam's helper processes (erl_child_setup, inet_gethost) are left
 # alone; they do nothing without it.
 cluster_pause() {

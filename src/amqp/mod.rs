@@ -5,6 +5,7 @@ mod bounded;
 mod client_error;
 mod confirms;
 mod connect;
+mod heartbeat;
 mod link;
 mod tls;
 
@@ -14,5 +15,6 @@ pub use self::client_error::AmqpError;
 pub(crate) use self::confirms::{Confirmed, Confirming, Confirms};
 pub use self::connect::ConnectError;
 pub(crate) use self::connect::{close_failed, connect};
+pub(crate) use self::heartbeat::with_heartbeat;
 pub(crate) use self::link::{ConfirmLink, LinkError};
 pub use self::tls::{TlsError, TlsFiles};

@@ -81,6 +81,11 @@ pub struct AmqpSettings {
     /// Longest reconnect delay (`reconnect_max_ms`).
     #[serde(rename = "reconnect_max_ms", with = "millis")]
     pub reconnect_max: Duration,
+    /// AMQP heartbeat of `serve`'s consumer connection, for each URL that
+    /// sets none (`heartbeat_ms`; whole seconds, rounded up; 0: the broker's
+    /// 60 s). The consumer leaves a hung node within about twice this.
+    #[serde(rename = "heartbeat_ms", with = "millis")]
+    pub heartbeat: Duration,
     /// PEM file of the CA certificate(s) that sign the broker's certificate, for
     /// `amqps://` with a private CA; the system roots are trusted as well. Read
     /// on every (re)connect, so a rotated file is picked up without a restart.
@@ -139,6 +144,15 @@ pub struct TopologySettings {
     /// when the due queue is declared (`catch_up_after_ms`).
     #[serde(rename = "catch_up_after_ms", with = "millis")]
     pub catch_up_after: Duration,
+    /// How long a quorum queue keeps the messages a consumer holds once that
+    /// consumer's node is unreachable, before it returns them to the queue
+    /// for the other consumers (`x-consumer-disconnected-timeout` of the
+    /// queues `serve` consumes; RabbitMQ 4.3's default is 60 s, which held
+    /// orders that long after a node died). 0: the argument is not set, the
+    /// broker's default applies. Fixed when a queue is declared
+    /// (`consumer_disconnected_timeout_ms`).
+    #[serde(rename = "consumer_disconnected_timeout_ms", with = "millis")]
+    pub consumer_disconnected_timeout: Duration,
 }
 
 /// The publisher library.

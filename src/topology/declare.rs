@@ -65,7 +65,7 @@ pub struct KeptQueue {
 
 impl KeptQueue {
     /// What to do about a kept queue, for the warning that reports it.
-    pub const ADVICE: &'static str = "queue kept with the placement it was declared with (queue arguments cannot change); to replicate it on more nodes run `rabbitmq-queues grow <node> all`, to spread leaders `rabbitmq-queues rebalance quorum` (docs/src/operating/cluster.md)";
+    pub const ADVICE: &'static str = "queue kept with the placement (or x-consumer-disconnected-timeout) it was declared with (queue arguments cannot change); a policy can set consumer-disconnected-timeout; to replicate it on more nodes run `rabbitmq-queues grow <node> all`, to spread leaders `rabbitmq-queues rebalance quorum` (docs/src/operating/cluster.md)";
 }
 
 impl Topology {

@@ -110,11 +110,25 @@ impl Topology {
         let mut quorum =
             BTreeMap::from([("x-queue-type".to_owned(), Arg::Str("quorum".to_owned()))]);
         quorum.extend(placement(settings.replicas));
+        // A queue declared without the argument, or with another value, is
+        // kept (it works, only slower to give such messages back) and
+        // reported; so is one that has it when the setting is 0. RabbitMQ
+        // 4.3 compares it on a re-declare (PRECONDITION_FAILED, measured on
+        // 4.3.6), 3.10 does not.
+        let mut kept_if_other = PLACEMENT_ARGS.to_vec();
+        kept_if_other.push(CONSUMER_DISCONNECTED_TIMEOUT);
+        if let Ok(timeout @ 1..) = i64::try_from(settings.consumer_disconnected_timeout.as_millis())
+        {
+            // Every queue here has consumers: what a consumer on a dead or
+            // hung node held goes back to the others this long after its node
+            // is seen unreachable, not after the broker's default 60 s.
+            quorum.insert(CONSUMER_DISCONNECTED_TIMEOUT.to_owned(), Arg::Int(timeout));
+        }
         let exchange = |name, kind| Exchange { name, kind };
         let queue = |name| Queue {
             name,
             arguments: quorum.clone(),
-            kept_if_other: PLACEMENT_ARGS.to_vec(),
+            kept_if_other: kept_if_other.clone(),
         };
         let binding = |source, destination, routing_key: &str| Binding {
             source,
@@ -207,6 +221,11 @@ fn placement(replicas: u16) -> [(String, Arg); 2] {
     ]
 }
 
+/// The argument that bounds how long a quorum queue keeps what a consumer on
+/// an unreachable node holds (RabbitMQ 4.3; 3.10 has no such timeout, and
+/// accepts and stores the argument).
+pub(crate) const CONSUMER_DISCONNECTED_TIMEOUT: &str = "x-consumer-disconnected-timeout";
+
 /// The due queue's arguments that move what no consumer took within `ttl_ms`
 /// to the catch-up queue, at least once (at-least-once dead-lettering needs
 /// reject-publish overflow).
@@ -284,6 +303,8 @@ fn holding_queue(ladder: &Ladder, settings: &TopologySettings, level: u8, name: 
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::topology::ladder::topic_matches;
 
@@ -331,6 +352,37 @@ mod tests {
             assert_eq!(catch_up, q.name == ladder.due_queue(), "{}", q.name);
             assert!(!q.kept_if_other.contains(&"x-max-length"), "{}", q.name);
             assert!(q.kept_if_other.contains(&"x-queue-leader-locator"));
+        }
+    }
+
+    #[test]
+    fn the_consumed_queues_give_back_a_lost_consumers_messages_within_a_second() {
+        let ladder = Ladder::new("orders", 4).unwrap();
+        let t = Topology::describe(&ladder, &settings(QueueType::Quorum));
+        let consumed = [
+            ladder.due_queue(),
+            ladder.parked_queue(),
+            ladder.catch_up_queue(),
+        ];
+        for q in &t.queues {
+            let has = q.arguments.get(CONSUMER_DISCONNECTED_TIMEOUT);
+            if consumed.contains(&q.name) {
+                assert_eq!(has, Some(&Arg::Int(1000)), "{}", q.name);
+                assert!(q.kept_if_other.contains(&CONSUMER_DISCONNECTED_TIMEOUT));
+            } else {
+                assert_eq!(has, None, "a ladder level has no consumer: {}", q.name);
+            }
+        }
+        let unset = TopologySettings {
+            consumer_disconnected_timeout: Duration::ZERO,
+            ..settings(QueueType::Quorum)
+        };
+        let t = Topology::describe(&ladder, &unset);
+        for q in &t.queues {
+            assert!(!q.arguments.contains_key(CONSUMER_DISCONNECTED_TIMEOUT));
+            // A queue that has it anyway is kept, not an error.
+            let kept = q.kept_if_other.contains(&CONSUMER_DISCONNECTED_TIMEOUT);
+            assert_eq!(kept, consumed.contains(&q.name), "{}", q.name);
         }
     }
 

@@ -3,9 +3,10 @@
 //! Khepri cluster `rabbit43c{1,2,3}@localhost` on AMQP 5695-5697): queue leaders
 //! spread over the nodes, the publisher and the consumer moving between nodes
 //! through the comma-separated `amqp.url`, competing consumers, node loss with
-//! orders in flight (kill -9 of the busiest leader, a rolling restart, the
-//! majority lost, the busiest leader hung with SIGSTOP), and what clients see
-//! on a node without a majority. The tests read the nodes' names and ports
+//! orders in flight (a rolling restart, the majority lost), a node that dies or
+//! hangs with a `serve` on it, bounded from each order's due time (kill -9 for
+//! 60 s, for good, SIGSTOP for 60 s), and what clients see on a node without a
+//! majority. The tests read the nodes' names and ports
 //! from `cluster.sh env`, so the variable must reach them.
 //!
 //! `scripts/test` runs them in a stage of their own: it brings the cluster up,
@@ -29,6 +30,7 @@
 mod consumers;
 mod hung_node;
 mod minority;
+mod node_gone;
 mod node_loss;
 mod placement;
 mod support;

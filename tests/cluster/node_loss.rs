@@ -1,7 +1,7 @@
 //! Node loss with orders in flight (delays 2-30 s, every fourth order paid):
-//! kill -9 of the node leading the most ladder queues, a rolling restart of all
-//! three nodes, two of three nodes stopped (the majority lost), and (in
-//! [`crate::hung_node`]) the busiest leader hung with SIGSTOP for 30 s. Two `serve`
+//! a rolling restart of all three nodes and two of three nodes stopped (the
+//! majority lost); a node killed or hung for good is [`crate::node_gone`],
+//! bounded from each order's due time. Two `serve`
 //! processes consume, one started on node 1 and one on node 2; the publisher
 //! starts on node 3. Each reports orders, lost, early, wrongly cancelled, the
 //! largest lateness after the cluster recovered and the publisher's time to
@@ -21,7 +21,7 @@ use order_expiry_testkit::{Served, at_ms};
 use tokio_util::sync::CancellationToken;
 
 use crate::minority::{Minority, READY_BOUND};
-use crate::support::{ClusterWorld, NodesBack, kill, order_service, settle, start, stop};
+use crate::support::{ClusterWorld, NodesBack, order_service, settle, start, stop};
 
 /// With a majority left the cluster never stops serving: every order is
 /// cancelled within this of its due time, the project's restart bound
@@ -41,10 +41,8 @@ const CONFIRM_TIMEOUT: Duration = Duration::from_secs(3);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Fault {
-    KillBusiestLeader,
     RollingRestart,
     MajorityLost,
-    PauseBusiestLeader,
 }
 
 /// What the fault did: when the cluster had its majority again, and a note.
@@ -74,11 +72,6 @@ impl Done {
             _ => self,
         }
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn kill_9_of_the_node_leading_most_ladder_queues() {
-    scenario("kill -9 busiest leader", Fault::KillBusiestLeader, BOUND).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -116,10 +109,8 @@ pub(crate) async fn scenario(name: &'static str, fault: Fault, bound: Duration) 
     tokio::time::sleep(Duration::from_secs(5)).await;
     let fault_at = Instant::now();
     let done = match fault {
-        Fault::KillBusiestLeader => kill_busiest_leader(&world).await,
         Fault::RollingRestart => rolling_restart().await,
         Fault::MajorityLost => majority_lost(&world).await,
-        Fault::PauseBusiestLeader => crate::hung_node::pause_busiest_leader(&world).await,
     };
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop_orders.cancel();
@@ -179,26 +170,6 @@ pub(crate) async fn scenario(name: &'static str, fault: Fault, bound: Duration) 
     );
     drop(serves);
     world.cleanup().await;
-}
-
-/// Kills the node leading the most ladder queues, keeps it dead 8 s while
-/// orders flow, then starts it again. The majority never goes.
-async fn kill_busiest_leader(world: &ClusterWorld) -> Done {
-    let before = world.leaders(".ladder.").await;
-    let busiest = (1..=3).max_by_key(|n| before[n - 1]).expect("three nodes");
-    kill(busiest).await;
-    let (recovered, recovered_wall) = (Instant::now(), Utc::now());
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    let during = world.leaders(".ladder.").await;
-    start(busiest).await;
-    Done {
-        refusing: None,
-        recovered,
-        recovered_wall,
-        note: format!(
-            "killed node {busiest}; ladder leaders per node before {before:?}, with it dead {during:?}"
-        ),
-    }
 }
 
 /// Stops and starts each node in turn (graceful stop, 2 s down, started, 3 s

@@ -206,6 +206,12 @@ async fn the_leader_locator_is_kept_and_a_changed_one_refused_on_both() {
         "x-quorum-initial-group-size".into(),
         AMQPValue::LongLongInt(3),
     );
+    // As declared (4.3 compares it too, and may report it first), so that
+    // the leader locator is the one difference.
+    arguments.insert(
+        "x-consumer-disconnected-timeout".into(),
+        AMQPValue::LongLongInt(1000),
+    );
     arguments.insert(
         "x-queue-leader-locator".into(),
         AMQPValue::LongString("client-local".into()),

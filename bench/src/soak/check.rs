@@ -7,7 +7,9 @@
 //! - never cancelled before its deadline (after an extension, the new one);
 //! - otherwise cancelled, within the bound: `due + BASE_BOUND`, or for an
 //!   order whose time in flight (created to cancelled) a fault overlapped,
-//!   `max(due, recovered) + bound` of that fault (the largest such);
+//!   `max(due, recovered) + bound` of that fault (the largest such); for a
+//!   cluster node killed, stopped or hung, `due + bound` (10 s, 30 s hung),
+//!   whenever the node returns;
 //! - cancelled by the sweeper only if it was never scheduled (its message
 //!   never reached the broker); a scheduled order swept means the ladder
 //!   missed it by more than the sweeper's grace.
@@ -217,7 +219,10 @@ fn judge(end: &End<'_>, order: &Order, row: &Row, v: &mut Verdict) {
                 .kind
                 .affects(order.which, |slot| end.slot_worlds[slot])
         {
-            let from = row.pay_deadline.max(fault.recovered);
+            let from = match fault.kind.from_due() {
+                true => row.pay_deadline,
+                false => row.pay_deadline.max(fault.recovered),
+            };
             let fault_limit = from + delta(fault.kind.bound());
             if fault_limit > limit {
                 limit = fault_limit;
@@ -377,17 +382,45 @@ mod tests {
     }
 
     #[test]
+    fn a_node_fault_is_bounded_from_the_due_time_whenever_the_node_returns() {
+        let fault = |kind| Record {
+            kind,
+            started: at(5),
+            recovered: at(70),
+            error: None,
+        };
+        let kill = fault(Kind::NodeKill {
+            node: 1,
+            down: Duration::from_secs(65),
+        });
+        let hang = fault(Kind::NodePause {
+            node: 1,
+            hung: Duration::from_secs(65),
+        });
+        // Due at 10, the node back at 70: a kill allows 10 s past due, a
+        // hang 30 s, not the node's return.
+        let ok = |kind: &Record, late: i64| {
+            verdict(
+                order("a", 10),
+                row(10, Some(10 + late), None),
+                std::slice::from_ref(kind),
+            )
+            .violations
+            .is_empty()
+        };
+        assert!(ok(&kill, 10) && !ok(&kill, 11));
+        assert!(ok(&hang, 30) && !ok(&hang, 31));
+    }
+
+    #[test]
     fn a_fault_in_flight_stretches_the_bound_from_its_repair_and_only_for_its_world() {
         let kill = Record {
-            kind: Kind::NodeKill {
-                node: 1,
-                down: Duration::from_secs(5),
-            },
+            kind: Kind::PostgresRestart,
             started: at(5),
             recovered: at(30),
             error: None,
         };
-        // Due at 10, repaired at 30: 10 s + 5 s past the repair is allowed.
+        // Due at 10, repaired at 30: 15 s + 5 s past the repair is allowed.
         let v = verdict(
             order("a", 10),
             row(10, Some(44), None),
@@ -415,7 +448,7 @@ mod tests {
             v.per_fault,
             vec![(0, Duration::ZERO), (1, Duration::from_secs(34))]
         );
-        let v = verdict(order("a", 10), row(10, Some(46), None), &[kill]);
+        let v = verdict(order("a", 10), row(10, Some(51), None), &[kill]);
         assert_eq!(v.violations.len(), 1, "{:?}", v.violations);
         // A gateway outage cannot excuse the sql world.
         let gateway = Record {

@@ -64,10 +64,11 @@ impl Kind {
     /// [`BASE_BOUND`] of a loaded machine.
     pub(super) fn bound(&self) -> Duration {
         let secs = match self {
-            // tests/cluster/node_loss.rs: 10 s.
-            Kind::NodeKill { .. } | Kind::NodeStop { .. } => 10,
-            // tests/cluster/hung_node.rs: 90 s after SIGCONT.
-            Kind::NodePause { .. } => 90,
+            // tests/cluster/node_gone.rs and hung_node.rs: from the order's
+            // due time, whenever the node returns ([`Self::from_due`]), and
+            // without the loaded machine's allowance: those tests hold it.
+            Kind::NodeKill { .. } | Kind::NodeStop { .. } => return Duration::from_secs(10),
+            Kind::NodePause { .. } => return Duration::from_secs(30),
             // Redelivery to the other serve, or this one's restart.
             Kind::ServeKill { .. } => 10,
             // The consumer's retry backoff (up to 10 s) and a reconnect.
@@ -79,6 +80,16 @@ impl Kind {
             Kind::LadderMigrate { .. } => 10,
         };
         Duration::from_secs(secs) + BASE_BOUND
+    }
+
+    /// Whether [`Self::bound`] counts from the order's due time alone, not
+    /// from max(due, recovered): a cluster node that dies or hangs must not
+    /// hold orders for as long as it is gone (issue 33).
+    pub(super) fn from_due(&self) -> bool {
+        matches!(
+            self,
+            Kind::NodeKill { .. } | Kind::NodeStop { .. } | Kind::NodePause { .. }
+        )
     }
 
     /// Whether it can delay `which`'s orders.

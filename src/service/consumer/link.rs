@@ -44,7 +44,8 @@ impl Link {
         let timeout = amqp.timeout;
         let tls = TlsFiles::from_settings(amqp);
         let name = "order-expiry consumer";
-        let connection = amqp::connect(&amqp.url, &tls, name, timeout).await?;
+        let url = amqp::with_heartbeat(&amqp.url, amqp.heartbeat);
+        let connection = amqp::connect(&url, &tls, name, timeout).await?;
         // Everything after the connect closes the connection when it fails (a
         // node without its quorum answers the connect, then times out a declare).
         let set_up = async {
