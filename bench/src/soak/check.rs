@@ -219,7 +219,7 @@ fn judge(end: &End<'_>, order: &Order, row: &Row, v: &mut Verdict) {
                 .kind
                 .affects(order.which, |slot| end.slot_worlds[slot])
         {
-            let from = match fault.kind.from_due() {
+            let from = match fault.kind.counts_from_due() {
                 true => row.pay_deadline,
                 false => row.pay_deadline.max(fault.recovered),
             };

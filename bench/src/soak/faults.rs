@@ -65,7 +65,7 @@ impl Kind {
     pub(super) fn bound(&self) -> Duration {
         let secs = match self {
             // tests/cluster/node_gone.rs and hung_node.rs: from the order's
-            // due time, whenever the node returns ([`Self::from_due`]), and
+            // due time, whenever the node returns ([`Self::counts_from_due`]), and
             // without the loaded machine's allowance: those tests hold it.
             Kind::NodeKill { .. } | Kind::NodeStop { .. } => return Duration::from_secs(10),
             Kind::NodePause { .. } => return Duration::from_secs(30),
@@ -85,7 +85,7 @@ impl Kind {
     /// Whether [`Self::bound`] counts from the order's due time alone, not
     /// from max(due, recovered): a cluster node that dies or hangs must not
     /// hold orders for as long as it is gone (issue 33).
-    pub(super) fn from_due(&self) -> bool {
+    pub(super) fn counts_from_due(&self) -> bool {
         matches!(
             self,
             Kind::NodeKill { .. } | Kind::NodeStop { .. } | Kind::NodePause { .. }
