@@ -5,6 +5,7 @@ mod bounded;
 mod client_error;
 mod confirms;
 mod connect;
+#[cfg(feature = "service")]
 mod heartbeat;
 mod link;
 mod tls;
@@ -15,6 +16,7 @@ pub use self::client_error::AmqpError;
 pub(crate) use self::confirms::{Confirmed, Confirming, Confirms};
 pub use self::connect::ConnectError;
 pub(crate) use self::connect::{close_failed, connect};
+#[cfg(feature = "service")]
 pub(crate) use self::heartbeat::with_heartbeat;
 pub(crate) use self::link::{ConfirmLink, LinkError};
 pub use self::tls::{TlsError, TlsFiles};
