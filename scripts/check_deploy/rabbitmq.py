@@ -192,7 +192,10 @@ def definitions_access():
         require(allows(publisher["write"], name) == (name in entries),
                 f"publisher write {'must' if name in entries else 'must not'} match {name}")
     consumer = perms[CONSUMER_USER]
-    own = {f"{prefix}.due", f"{prefix}.parked"}
+    # Its own: the due and parked exchanges and queues, and the catch-up ones
+    # when the topology has them (the due queue dead-letters there: declaring
+    # it takes write on that exchange).
+    own = {f"{prefix}.due", f"{prefix}.parked"} | ({f"{prefix}.catch-up"} & queues)
     # The consumer also sends messages through the ladder again (the next
     # payment check step, an order not found yet): write on the entries.
     may = {"configure": own, "write": own | entries, "read": own}
