@@ -194,10 +194,19 @@ async fn subscribe(
     ladder: &Ladder,
     timeout: Duration,
 ) -> Result<(lapin::Consumer, String), BrokerError> {
-    let tag = format!("order-expiry-{}", uuid::Uuid::new_v4());
-    let queue = ladder.due_queue();
+    consume(channel, &ladder.due_queue(), "order-expiry", timeout).await
+}
+
+/// Consumes `queue` with a fresh consumer tag starting with `tag_prefix`.
+async fn consume(
+    channel: &Channel,
+    queue: &str,
+    tag_prefix: &str,
+    timeout: Duration,
+) -> Result<(lapin::Consumer, String), BrokerError> {
+    let tag = format!("{tag_prefix}-{}", uuid::Uuid::new_v4());
     let consume = channel.basic_consume(
-        queue.as_str().into(),
+        queue.into(),
         tag.as_str().into(),
         BasicConsumeOptions::default(),
         FieldTable::default(),
@@ -238,15 +247,8 @@ async fn subscribe_catch_up<A>(
         BasicQosOptions::default(),
     );
     amqp::bounded("basic.qos", timeout, qos).await?;
-    let tag = format!("order-expiry-catch-up-{}", uuid::Uuid::new_v4());
     let queue = consumer.ladder.catch_up_queue();
-    let consume = channel.basic_consume(
-        queue.as_str().into(),
-        tag.as_str().into(),
-        BasicConsumeOptions::default(),
-        FieldTable::default(),
-    );
-    let deliveries = amqp::bounded("basic.consume", timeout, consume).await?;
+    let (deliveries, tag) = consume(channel, &queue, "order-expiry-catch-up", timeout).await?;
     let qos = channel.basic_qos(settings.prefetch, BasicQosOptions::default());
     amqp::bounded("basic.qos", timeout, qos).await?;
     Ok(Some((deliveries, tag)))
