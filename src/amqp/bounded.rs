@@ -31,6 +31,25 @@ pub enum BrokerError {
     },
 }
 
+/// Whether lapin reports the connection itself gone: a reset or broken
+/// socket, missed heartbeats, a connection already closed, or the broker
+/// closing it with 320 CONNECTION_FORCED (a node shutting down) or 541
+/// INTERNAL_ERROR. A refusal (403, 404, 406, ...) is not.
+pub(crate) fn is_connection_lost(error: &lapin::Error) -> bool {
+    use lapin::ErrorKind;
+    use lapin::protocol::{AMQPErrorKind, AMQPHardError};
+    match error.kind() {
+        ErrorKind::IOError(_)
+        | ErrorKind::MissingHeartbeatError
+        | ErrorKind::InvalidConnectionState(_) => true,
+        ErrorKind::ProtocolError(e) => matches!(
+            e.kind(),
+            AMQPErrorKind::Hard(AMQPHardError::CONNECTIONFORCED | AMQPHardError::INTERNALERROR)
+        ),
+        _ => false,
+    }
+}
+
 /// Awaits `op`, at most `timeout`.
 pub(crate) async fn bounded<T>(
     what: impl Into<Cow<'static, str>>,

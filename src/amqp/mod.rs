@@ -8,6 +8,7 @@ mod connect;
 #[cfg(feature = "service")]
 mod heartbeat;
 mod link;
+mod resume;
 mod tls;
 
 pub use self::bounded::BrokerError;
@@ -19,4 +20,5 @@ pub(crate) use self::connect::{close_failed, connect};
 #[cfg(feature = "service")]
 pub(crate) use self::heartbeat::with_heartbeat;
 pub(crate) use self::link::{ConfirmLink, LinkError};
+pub(crate) use self::resume::{NodeLost, Resume};
 pub use self::tls::{TlsError, TlsFiles};

@@ -1,6 +1,11 @@
 //! One admin connection for operator commands. A passive declare of a queue
 //! that does not exist makes the broker close the channel (404), so each look
 //! that may miss runs on a channel that is reopened after it.
+//!
+//! A command whose node goes away mid-run (killed, stopped, hung) carries on
+//! through another node of `amqp.url` (`Resume`): each command's work is
+//! safe to do again (a move publishes, is confirmed, and only then acks; a
+//! declare is idempotent), so it reconnects and goes on.
 
 use std::time::Duration;
 
@@ -10,7 +15,8 @@ use lapin::{Channel, Connection};
 use thiserror::Error;
 
 use crate::Settings;
-use crate::amqp::{self, BrokerError, ConnectError, TlsFiles};
+pub(crate) use crate::amqp::Resume;
+use crate::amqp::{self, BrokerError, ConnectError, NodeLost, TlsFiles};
 use crate::service::StoreError;
 use crate::topology::LadderError;
 
@@ -52,6 +58,22 @@ pub enum OpsError {
     AckRefused,
 }
 
+impl NodeLost for OpsError {
+    fn is_node_lost(&self) -> bool {
+        match self {
+            Self::Connect(e) => e.is_node_lost(),
+            Self::Broker(e) => e.is_node_lost(),
+            // The ack went down with the channel: the original comes back.
+            Self::AckRefused => true,
+            Self::Settings(_)
+            | Self::Store(_)
+            | Self::NotTaken { .. }
+            | Self::Refused(_)
+            | Self::Missing(_) => false,
+        }
+    }
+}
+
 /// What a passive declare tells about a queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueueState {
@@ -66,6 +88,8 @@ pub(crate) struct Admin {
     connection: Connection,
     channel: Channel,
     pub(crate) timeout: Duration,
+    settings: Settings,
+    name: String,
 }
 
 impl Admin {
@@ -86,7 +110,19 @@ impl Admin {
             connection,
             channel,
             timeout,
+            settings: settings.clone(),
+            name: name.to_owned(),
         })
+    }
+
+    /// A new connection in place of this one (after its node was lost): to
+    /// the next broker of `amqp.url` first. The old one is closed without
+    /// waiting on a node that may not answer.
+    pub(crate) async fn reopen(&mut self) -> Result<(), OpsError> {
+        let fresh = Self::open(&self.settings, &self.name).await?;
+        let old = std::mem::replace(self, fresh);
+        amqp::close_failed(&old.connection, Duration::from_millis(100)).await;
+        Ok(())
     }
 
     /// The plain channel, reopened if the broker closed it.

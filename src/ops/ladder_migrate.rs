@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
 use secrecy::SecretString;
 
-use super::admin::{Admin, OpsError};
+use super::admin::{Admin, OpsError, Resume};
 use super::drain::{Carry, QueueDrain};
 use super::republish::Republisher;
 use crate::amqp;
@@ -224,6 +224,19 @@ impl LadderMigration {
 
     /// Messages in each old queue now (`None`: it does not exist).
     pub async fn count(&mut self) -> Result<Vec<(String, Option<u32>)>, OpsError> {
+        let mut resume = Resume::connected_already("ladder migrate --dry-run");
+        loop {
+            match self.count_once().await {
+                Ok(found) => return Ok(found),
+                Err(error) => resume.after(error).await?,
+            }
+            if let Err(error) = self.reopen().await {
+                resume.after(error).await?;
+            }
+        }
+    }
+
+    async fn count_once(&mut self) -> Result<Vec<(String, Option<u32>)>, OpsError> {
         let mut found = Vec::new();
         for (queue, _) in self.sources() {
             let messages = self.source.queue(&queue).await?.map(|s| s.messages);
@@ -232,23 +245,46 @@ impl LadderMigration {
         Ok(found)
     }
 
-    /// Moves everything (see the module docs).
+    /// Moves everything (see the module docs). When a node it talks to goes
+    /// away, it reconnects through another node of `amqp.url` and goes on,
+    /// for up to a minute after the loss.
     pub async fn run(&mut self) -> Result<LadderMigrationReport, OpsError> {
         let start = Instant::now();
-        let mut report = LadderMigrationReport {
-            found: self.count().await?,
-            ..LadderMigrationReport::default()
-        };
+        let mut report = LadderMigrationReport::default();
+        let mut resume = Resume::connected_already("ladder migrate");
+        let mut lost = false;
+        loop {
+            match self.attempt(lost, &mut report).await {
+                Ok(()) => break,
+                Err(error) => resume.after(error).await?,
+            }
+            lost = true;
+        }
+        report.elapsed = start.elapsed();
+        Ok(report)
+    }
+
+    /// One attempt at [`Self::run`], on new connections after a loss.
+    async fn attempt(
+        &mut self,
+        lost: bool,
+        report: &mut LadderMigrationReport,
+    ) -> Result<(), OpsError> {
+        if lost {
+            self.reopen().await?;
+        }
+        if report.found.is_empty() {
+            report.found = self.count_once().await?;
+        }
         let republisher = self.republisher().await?;
-        let result = self.until_empty(&republisher, &mut report).await;
+        let result = self.until_empty(&republisher, report).await;
         let _ = amqp::bounded(
             "channel.close",
             self.target.timeout,
             republisher.confirm.channel().close(200, "migrated".into()),
         )
         .await;
-        report.elapsed = start.elapsed();
-        result.map(|()| report)
+        result
     }
 
     /// Deletes the old ladder: first its exchanges, so that nothing can enter
@@ -258,7 +294,27 @@ impl LadderMigration {
     /// the due queue, it would drop what that queue dead-letters). Its parked
     /// queue stays. Returns what was deleted and what that last migration
     /// moved.
+    /// Each step can be done again, so a lost node is resumed as in
+    /// [`Self::run`].
     pub async fn delete_old(&mut self) -> Result<(Vec<String>, LadderMigrationReport), OpsError> {
+        let mut resume = Resume::connected_already("ladder migrate --delete-old");
+        let mut lost = false;
+        loop {
+            match self.delete_old_once(lost).await {
+                Ok(done) => return Ok(done),
+                Err(error) => resume.after(error).await?,
+            }
+            lost = true;
+        }
+    }
+
+    async fn delete_old_once(
+        &mut self,
+        lost: bool,
+    ) -> Result<(Vec<String>, LadderMigrationReport), OpsError> {
+        if lost {
+            self.reopen().await?;
+        }
         let timeout = self.source.timeout;
         let mut deleted = Vec::new();
         let mut exchanges: Vec<String> = (0..self.from.levels())
@@ -303,6 +359,12 @@ impl LadderMigration {
         Ok((deleted, last))
     }
 
+    /// New connections to both brokers, after a node was lost.
+    async fn reopen(&mut self) -> Result<(), OpsError> {
+        self.target.reopen().await?;
+        self.source.reopen().await
+    }
+
     async fn republisher(&self) -> Result<Republisher, OpsError> {
         Ok(Republisher {
             confirm: self.target.confirm_channel().await?,
@@ -329,7 +391,7 @@ impl LadderMigration {
                 moved += self.drain(&queue, carry, republisher, report).await?;
             }
             let left: u64 = self
-                .count()
+                .count_once()
                 .await?
                 .iter()
                 .map(|(_, n)| u64::from(n.unwrap_or(0)))

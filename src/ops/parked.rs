@@ -4,7 +4,8 @@
 //! Every message is fetched unacked on one channel; what is not acked (not
 //! selected, still malformed) goes back to the queue when that channel closes.
 //! A replayed message is published afresh and confirmed before its parked
-//! copy is acked ([`Republisher`]).
+//! copy is acked ([`Republisher`]). So each command can be made again, and
+//! when its node goes away it is, through another node (`Resume`).
 
 use chrono::{DateTime, Utc};
 use lapin::Channel;
@@ -12,7 +13,7 @@ use lapin::message::BasicGetMessage;
 use lapin::options::{BasicGetOptions, QueuePurgeOptions};
 use lapin::types::AMQPValue;
 
-use super::admin::{Admin, OpsError};
+use super::admin::{Admin, OpsError, Resume};
 use super::republish::Republisher;
 use crate::amqp;
 use crate::settings::Settings;
@@ -86,6 +87,19 @@ impl Parked {
 
     /// Messages in the queue now; an error when it does not exist.
     pub async fn depth(&mut self) -> Result<u32, OpsError> {
+        let mut resume = Resume::connected_already("parked");
+        loop {
+            match self.depth_once().await {
+                Ok(depth) => return Ok(depth),
+                Err(error) => resume.after(error).await?,
+            }
+            if let Err(error) = self.admin.reopen().await {
+                resume.after(error).await?;
+            }
+        }
+    }
+
+    async fn depth_once(&mut self) -> Result<u32, OpsError> {
         match self.admin.queue(&self.queue).await? {
             Some(state) => Ok(state.messages),
             None => Err(OpsError::Missing(self.queue.clone())),
@@ -94,7 +108,20 @@ impl Parked {
 
     /// Up to `limit` messages, oldest first; they all stay parked.
     pub async fn list(&mut self, limit: u32) -> Result<Vec<ParkedMessage>, OpsError> {
-        self.depth().await?;
+        let mut resume = Resume::connected_already("parked list");
+        loop {
+            match self.list_once(limit).await {
+                Ok(listed) => return Ok(listed),
+                Err(error) => resume.after(error).await?,
+            }
+            if let Err(error) = self.admin.reopen().await {
+                resume.after(error).await?;
+            }
+        }
+    }
+
+    async fn list_once(&mut self, limit: u32) -> Result<Vec<ParkedMessage>, OpsError> {
+        self.depth_once().await?;
         let channel = self.admin.own_channel().await?;
         let fetched = self.fetch(&channel, limit).await;
         self.release(channel).await;
@@ -104,10 +131,33 @@ impl Parked {
     /// Re-drives the `selection` (see the module docs). Every message is
     /// fetched until the queue has no more ready ones (not up to a count: the
     /// count a passive declare gives lags behind messages just returned).
+    /// After a lost node, the next attempt fetches again what the last one
+    /// had not moved.
     pub async fn replay(&mut self, selection: &ReplaySelection) -> Result<ReplayReport, OpsError> {
-        self.depth().await?;
+        let mut resume = Resume::connected_already("parked replay");
+        let mut report = ReplayReport::default();
+        loop {
+            match self.replay_once(selection, &mut report).await {
+                Ok(()) => return Ok(report),
+                Err(error) => resume.after(error).await?,
+            }
+            if let Err(error) = self.admin.reopen().await {
+                resume.after(error).await?;
+            }
+        }
+    }
+
+    async fn replay_once(
+        &mut self,
+        selection: &ReplaySelection,
+        report: &mut ReplayReport,
+    ) -> Result<(), OpsError> {
+        self.depth_once().await?;
+        // What was left parked comes back to the queue and is seen again.
+        report.still_malformed.clear();
+        report.not_selected = 0;
         let channel = self.admin.own_channel().await?;
-        let result = self.replay_on(&channel, selection).await;
+        let result = self.replay_on(&channel, selection, report).await;
         self.release(channel).await;
         result
     }
@@ -116,7 +166,8 @@ impl Parked {
         &self,
         channel: &Channel,
         selection: &ReplaySelection,
-    ) -> Result<ReplayReport, OpsError> {
+        report: &mut ReplayReport,
+    ) -> Result<(), OpsError> {
         let republisher = Republisher {
             confirm: self.admin.confirm_channel().await?,
             ladder: self.settings.ladder()?,
@@ -125,7 +176,6 @@ impl Parked {
             max_body_bytes: self.settings.consumer.max_body_bytes,
             timeout: self.admin.timeout,
         };
-        let mut report = ReplayReport::default();
         while let Some(got) = self.get(channel).await? {
             let seen = describe(&got);
             let selected = match selection {
@@ -160,12 +210,25 @@ impl Parked {
             republisher.confirm.channel().close(200, "replayed".into()),
         )
         .await;
-        Ok(report)
+        Ok(())
     }
 
     /// Deletes every parked message; how many there were.
     pub async fn purge(&mut self) -> Result<u32, OpsError> {
-        self.depth().await?;
+        let mut resume = Resume::connected_already("parked purge");
+        loop {
+            match self.purge_once().await {
+                Ok(purged) => return Ok(purged),
+                Err(error) => resume.after(error).await?,
+            }
+            if let Err(error) = self.admin.reopen().await {
+                resume.after(error).await?;
+            }
+        }
+    }
+
+    async fn purge_once(&mut self) -> Result<u32, OpsError> {
+        self.depth_once().await?;
         let channel = self.admin.channel().await?;
         let purging = channel.queue_purge(self.queue.as_str().into(), QueuePurgeOptions::default());
         Ok(amqp::bounded(

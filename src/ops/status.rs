@@ -14,7 +14,7 @@ use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
 use lapin::options::BasicGetOptions;
 use serde::Serialize;
 
-use super::admin::{Admin, OpsError};
+use super::admin::{Admin, OpsError, Resume};
 use crate::amqp;
 use crate::service::PgOrderStore;
 use crate::service::clock::{OffsetEstimate, reading_bounds};
@@ -167,10 +167,20 @@ impl Status {
     /// broker cannot be reached; a database failure is reported inside.
     pub async fn collect(settings: &Settings, margin: Duration) -> Result<Self, OpsError> {
         let ladder = settings.ladder()?;
-        let mut admin = Admin::open(settings, "order-expiry status").await?;
-        let broker = broker_part(&mut admin, &ladder).await;
-        admin.close().await;
-        let (levels, due, parked) = broker?;
+        let mut resume = Resume::new("status");
+        let (levels, due, parked) = loop {
+            let looked = async {
+                let mut admin = Admin::open(settings, "order-expiry status").await?;
+                resume.connected();
+                let broker = broker_part(&mut admin, &ladder).await;
+                admin.close().await;
+                broker
+            };
+            match looked.await {
+                Ok(broker) => break broker,
+                Err(error) => resume.after(error).await?,
+            }
+        };
         let outbox = match settings.outbox.enabled {
             true => Some(outbox_part(settings).await),
             false => None,

@@ -13,9 +13,9 @@ use thiserror::Error;
 
 use super::describe::{Arg, Binding, Destination, Exchange, ExchangeType, Queue, Topology};
 use super::guard;
-use super::ladder::LadderError;
+use super::ladder::{Ladder, LadderError};
 use crate::Settings;
-use crate::amqp::{self, BrokerError, ConnectError, TlsFiles};
+use crate::amqp::{self, BrokerError, ConnectError, NodeLost, Resume, TlsFiles};
 
 /// `topology apply` failed.
 #[derive(Debug, Error)]
@@ -47,6 +47,16 @@ pub enum TopologyError {
         /// `topology.levels`.
         wanted: u8,
     },
+}
+
+impl NodeLost for TopologyError {
+    fn is_node_lost(&self) -> bool {
+        match self {
+            Self::Connect(e) => e.is_node_lost(),
+            Self::Broker(e) => e.is_node_lost(),
+            Self::Settings(_) | Self::LevelsChanged { .. } => false,
+        }
+    }
 }
 
 /// A queue that exists with other placement arguments
@@ -86,18 +96,39 @@ impl Topology {
     }
 
     /// [`Self::declare`], returning the queues kept with other placement
-    /// arguments ([`KeptQueue`]) instead of logging them.
+    /// arguments ([`KeptQueue`]) instead of logging them. A node that goes
+    /// away mid-way is resumed through another one of `amqp.url` (every
+    /// declare is idempotent).
     pub async fn declare_keeping(
         settings: &Settings,
         connection_name: &str,
     ) -> Result<(Self, Vec<KeptQueue>), TopologyError> {
         let ladder = settings.ladder()?;
         let topology = Self::describe(&ladder, &settings.topology);
+        let mut resume = Resume::new("topology apply");
+        loop {
+            let declared = topology.declare_once(settings, &ladder, connection_name, &mut resume);
+            match declared.await {
+                Ok(kept) => return Ok((topology, kept)),
+                Err(error) => resume.after(error).await?,
+            }
+        }
+    }
+
+    /// One attempt at [`Self::declare_keeping`], on a connection of its own.
+    async fn declare_once(
+        &self,
+        settings: &Settings,
+        ladder: &Ladder,
+        connection_name: &str,
+        resume: &mut Resume,
+    ) -> Result<Vec<KeptQueue>, TopologyError> {
         let timeout = settings.amqp.timeout;
         let tls = TlsFiles::from_settings(&settings.amqp);
         let connection = amqp::connect(&settings.amqp.url, &tls, connection_name, timeout).await?;
+        resume.connected();
         let declared = async {
-            match guard::levels_on_broker(&connection, &ladder, timeout).await? {
+            match guard::levels_on_broker(&connection, ladder, timeout).await? {
                 Some(existing) if existing != ladder.levels() => {
                     return Err(TopologyError::LevelsChanged {
                         prefix: ladder.prefix().to_owned(),
@@ -107,7 +138,7 @@ impl Topology {
                 }
                 _ => {}
             }
-            Ok(topology.apply_on(&connection, timeout).await?)
+            Ok(self.apply_on(&connection, timeout).await?)
         }
         .await;
         let _ = amqp::bounded(
@@ -116,7 +147,7 @@ impl Topology {
             connection.close(200, "declared".into()),
         )
         .await;
-        Ok((topology, declared?))
+        declared
     }
 
     /// Declares everything on channels of `connection`, keeping a queue that
