@@ -32,5 +32,6 @@ mod hung_node;
 mod minority;
 mod node_gone;
 mod node_loss;
+mod operator;
 mod placement;
 mod support;
