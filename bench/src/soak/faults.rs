@@ -10,7 +10,9 @@
 //!   sql world's order service schedules into an old ladder (another prefix,
 //!   which nothing consumes) for a while, as a publisher not yet moved to the
 //!   new prefix would, then `ladder migrate --from-prefix` moves what it holds
-//!   into the current ladder while traffic runs.
+//!   into the current ladder while traffic runs. Every other migration
+//!   overlaps a node stop on purpose: the node it is given first is stopped
+//!   as it starts, and it must carry on through another (issue 33).
 //!
 //! Each fault is recorded with when it started and when it was repaired
 //! (`recovered`): the checker measures lateness from max(due, recovered) for
@@ -49,8 +51,13 @@ pub(super) enum Kind {
     /// `order-expiry parked replay --all` on the sql world.
     ParkedReplay,
     /// The sql world's library calls go to the old ladder for `lasting`,
-    /// then `order-expiry ladder migrate --from-prefix` moves them.
-    LadderMigrate { lasting: Duration },
+    /// then `order-expiry ladder migrate --from-prefix` moves them; with
+    /// `stop`, that node is given first and stopped as the migration starts
+    /// (recorded as a [`Kind::NodeStop`] of its own as well).
+    LadderMigrate {
+        lasting: Duration,
+        stop: Option<usize>,
+    },
 }
 
 /// No fault, no excuse: an order is cancelled within this of its due time.
@@ -126,9 +133,13 @@ impl Kind {
                 s(lasting)
             ),
             Kind::ParkedReplay => "parked replay --all".into(),
-            Kind::LadderMigrate { lasting } => {
-                format!("old ladder {}, then ladder migrate", s(lasting))
-            }
+            Kind::LadderMigrate { lasting, stop } => match stop {
+                None => format!("old ladder {}, then ladder migrate", s(lasting)),
+                Some(node) => format!(
+                    "old ladder {}, then ladder migrate through node {node} as it stops",
+                    s(lasting)
+                ),
+            },
         }
     }
 
@@ -195,7 +206,10 @@ pub(super) async fn lane(
         let started = Utc::now();
         let at = (started - soak_started).num_seconds();
         println!("soak +{:02}:{:02}: {}", at / 60, at % 60, kind.label());
-        let error = inject(world, kind).await.err().map(|e| format!("{e:#}"));
+        let (error, caused) = match inject(world, kind).await {
+            Ok(caused) => (None, caused),
+            Err(e) => (Some(format!("{e:#}")), Vec::new()),
+        };
         if let Some(e) = &error {
             println!("soak: {} failed: {e}", kind.label());
         }
@@ -205,6 +219,7 @@ pub(super) async fn lane(
             recovered: Utc::now(),
             error,
         });
+        records.extend(caused);
     }
 }
 
@@ -250,44 +265,46 @@ fn draw(rng: &mut StdRng, lane: Lane, serves: usize) -> (Duration, Kind) {
                     hangs: rng.random_bool(0.5),
                 },
                 10 => Kind::ParkedReplay,
-                _ => Kind::LadderMigrate {
-                    lasting: secs(rng, 5, 20),
-                },
+                _ => {
+                    let lasting = secs(rng, 5, 20);
+                    let node = rng.random_range(1..=3);
+                    Kind::LadderMigrate {
+                        lasting,
+                        stop: rng.random_bool(0.5).then_some(node),
+                    }
+                }
             };
             (gap, kind)
         }
     }
 }
 
-/// Injects `kind` and repairs it; returns when it is repaired.
-async fn inject(world: &SoakWorld, kind: Kind) -> anyhow::Result<()> {
+/// Injects `kind` and repairs it; returns when it is repaired, with the
+/// records of the faults it caused besides itself.
+async fn inject(world: &SoakWorld, kind: Kind) -> anyhow::Result<Vec<Record>> {
+    let node_fault = |down: &'static str, up: &'static str, node: usize, lasting, limit| async move {
+        let _one_down = world.nodes.lock().await;
+        cluster_sh(&[down, &node.to_string()], limit).await?;
+        tokio::time::sleep(lasting).await;
+        cluster_sh(&[up, &node.to_string()], 180).await?;
+        Ok(Vec::new())
+    };
     match kind {
-        Kind::NodeKill { node, down } => {
-            cluster_sh(&["kill", &node.to_string()], 30).await?;
-            tokio::time::sleep(down).await;
-            cluster_sh(&["start", &node.to_string()], 180).await
-        }
-        Kind::NodeStop { node, down } => {
-            cluster_sh(&["stop", &node.to_string()], 90).await?;
-            tokio::time::sleep(down).await;
-            cluster_sh(&["start", &node.to_string()], 180).await
-        }
-        Kind::NodePause { node, hung } => {
-            cluster_sh(&["pause", &node.to_string()], 30).await?;
-            tokio::time::sleep(hung).await;
-            cluster_sh(&["resume", &node.to_string()], 30).await
-        }
+        Kind::NodeKill { node, down } => node_fault("kill", "start", node, down, 30).await,
+        Kind::NodeStop { node, down } => node_fault("stop", "start", node, down, 90).await,
+        Kind::NodePause { node, hung } => node_fault("pause", "resume", node, hung, 30).await,
         Kind::ServeKill { slot, down } => {
             world.kill_serve(slot).await;
             tokio::time::sleep(down).await;
-            world.start_serve(slot).await
+            world.start_serve(slot).await?;
+            Ok(Vec::new())
         }
-        Kind::PostgresRestart => restart_postgres().await,
+        Kind::PostgresRestart => restart_postgres().await.map(|()| Vec::new()),
         Kind::DatabaseBlackhole { lasting } => {
             world.db_proxy.blackhole();
             tokio::time::sleep(lasting).await;
             world.db_proxy.restore();
-            Ok(())
+            Ok(Vec::new())
         }
         Kind::OrderServiceDown { lasting } => {
             world
@@ -295,7 +312,7 @@ async fn inject(world: &SoakWorld, kind: Kind) -> anyhow::Result<()> {
                 .fail("expire", Reply::Status(503, "down for the soak".into()));
             tokio::time::sleep(lasting).await;
             world.endpoint.recover("expire");
-            Ok(())
+            Ok(Vec::new())
         }
         Kind::GatewayDown { lasting, hangs } => {
             let reply = if hangs {
@@ -307,17 +324,16 @@ async fn inject(world: &SoakWorld, kind: Kind) -> anyhow::Result<()> {
             world.endpoint.fail("payment", reply);
             tokio::time::sleep(lasting).await;
             world.endpoint.recover("payment");
-            Ok(())
+            Ok(Vec::new())
         }
-        Kind::ParkedReplay => world
-            .cli(
-                Which::Sql,
-                &["parked", "replay", "--all"],
-                Duration::from_secs(60),
-            )
-            .await
-            .map(drop),
-        Kind::LadderMigrate { lasting } => {
+        Kind::ParkedReplay => {
+            let args = ["parked", "replay", "--all"];
+            world
+                .cli(Which::Sql, 1, &args, Duration::from_secs(60))
+                .await?;
+            Ok(Vec::new())
+        }
+        Kind::LadderMigrate { lasting, stop } => {
             world.old_ladder.open();
             tokio::time::sleep(lasting).await;
             world.old_ladder.close();
@@ -325,13 +341,15 @@ async fn inject(world: &SoakWorld, kind: Kind) -> anyhow::Result<()> {
             // migration has read past it: what it left there nothing consumes.
             world.old_ladder.settled(Duration::from_secs(90)).await?;
             let from = world.old_ladder.prefix.clone();
-            let said = world
-                .cli(
-                    Which::Sql,
-                    &["ladder", "migrate", "--from-prefix", &from],
-                    Duration::from_secs(120),
-                )
-                .await?;
+            let args = ["ladder", "migrate", "--from-prefix", &from];
+            let limit = Duration::from_secs(120);
+            let (said, caused) = match stop {
+                None => (world.cli(Which::Sql, 1, &args, limit).await?, Vec::new()),
+                Some(node) => {
+                    let (said, stopped) = migrate_as_node_stops(world, node, &args, limit).await;
+                    (said?, vec![stopped])
+                }
+            };
             // What went where, for the run's story: the calls the old ladder
             // took (retries included) and what the migration moved.
             let moved = said.lines().find(|l| l.starts_with("moved ")).unwrap_or("");
@@ -339,9 +357,43 @@ async fn inject(world: &SoakWorld, kind: Kind) -> anyhow::Result<()> {
                 "soak: {} schedule calls went to the old ladder; {moved}",
                 world.old_ladder.taken()
             );
-            Ok(())
+            Ok(caused)
         }
     }
+}
+
+/// `order-expiry ARGS` given node `node` first, as that node is stopped
+/// (the stop begins half a second before the command, whose connection the
+/// node then closes, or refuses); the node is started again once both are
+/// done. Its output, and the node stop's record.
+async fn migrate_as_node_stops(
+    world: &SoakWorld,
+    node: usize,
+    args: &[&str],
+    limit: Duration,
+) -> (anyhow::Result<String>, Record) {
+    let _one_down = world.nodes.lock().await;
+    let started = Utc::now();
+    let name = node.to_string();
+    let stop_args = ["stop", name.as_str()];
+    let stopping = cluster_sh(&stop_args, 90);
+    let command = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        world.cli(Which::Sql, node, args, limit).await
+    };
+    let (stopped, said) = tokio::join!(stopping, command);
+    let started_again = cluster_sh(&["start", &name], 180).await;
+    let error = stopped.and(started_again).err().map(|e| format!("{e:#}"));
+    let record = Record {
+        kind: Kind::NodeStop {
+            node,
+            down: (Utc::now() - started).to_std().unwrap_or_default(),
+        },
+        started,
+        recovered: Utc::now(),
+        error,
+    };
+    (said, record)
 }
 
 /// `scripts/lib/cluster.sh ARGS` within `limit_s` seconds.

@@ -76,6 +76,8 @@ pub(super) struct SoakWorld {
     pub(super) db_proxy: Proxy,
     /// The sql world's old ladder, for the `ladder migrate` fault.
     pub(super) old_ladder: OldLadder,
+    /// Held by whatever takes a node down, so that at most one is down.
+    pub(super) nodes: Mutex<()>,
     binary: PathBuf,
     logs: PathBuf,
     slots: Mutex<Vec<Slot>>,
@@ -119,6 +121,7 @@ impl SoakWorld {
             old_ladder,
             binary,
             logs,
+            nodes: Mutex::new(()),
             slots: Mutex::new(slots),
         };
         for i in 0..3 {
@@ -294,10 +297,11 @@ impl SoakWorld {
     pub(super) async fn cli(
         &self,
         which: Which,
+        first: usize,
         args: &[&str],
         limit: Duration,
     ) -> anyhow::Result<String> {
-        let settings = self.settings(which, 1);
+        let settings = self.settings(which, first);
         let mut command = tokio::process::Command::new(&self.binary);
         command
             .args(args)
