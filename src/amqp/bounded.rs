@@ -32,16 +32,20 @@ pub enum BrokerError {
 }
 
 /// Whether lapin reports the connection itself gone: a reset or broken
-/// socket, missed heartbeats, a connection already closed, or the broker
-/// closing it with 320 CONNECTION_FORCED (a node shutting down) or 541
-/// INTERNAL_ERROR. A refusal (403, 404, 406, ...) is not.
+/// socket, missed heartbeats, a connection or channel already closed, or the
+/// broker closing it with 320 CONNECTION_FORCED (a node shutting down) or
+/// 541 INTERNAL_ERROR. A refusal (403, 404, 406, ...) is not. A channel the
+/// broker closed with a refusal reports the refusal first; the next use of
+/// it, like every use of a channel whose connection closed, reports the
+/// closed state (seen in the soak: a publish as its node stopped).
 pub(crate) fn is_connection_lost(error: &lapin::Error) -> bool {
     use lapin::ErrorKind;
     use lapin::protocol::{AMQPErrorKind, AMQPHardError};
     match error.kind() {
         ErrorKind::IOError(_)
         | ErrorKind::MissingHeartbeatError
-        | ErrorKind::InvalidConnectionState(_) => true,
+        | ErrorKind::InvalidConnectionState(_)
+        | ErrorKind::InvalidChannelState(..) => true,
         ErrorKind::ProtocolError(e) => matches!(
             e.kind(),
             AMQPErrorKind::Hard(AMQPHardError::CONNECTIONFORCED | AMQPHardError::INTERNALERROR)

@@ -126,15 +126,35 @@ mod tests {
         }
     }
 
-    fn refused() -> BrokerError {
-        let error = lapin::Error::from(lapin::ErrorKind::InvalidChannelState(
-            lapin::ChannelState::Closed,
-            "closed by a 404",
-        ));
+    fn failed(kind: lapin::ErrorKind) -> BrokerError {
         BrokerError::Failed {
             what: "basic.get".into(),
-            source: crate::amqp::AmqpError::new(error),
+            source: crate::amqp::AmqpError::new(lapin::Error::from(kind)),
         }
+    }
+
+    fn refused() -> BrokerError {
+        use lapin::protocol::{AMQPError, AMQPErrorKind, AMQPSoftError};
+        let not_found = AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND);
+        failed(lapin::ErrorKind::ProtocolError(AMQPError::new(
+            not_found,
+            "NOT_FOUND - no queue".into(),
+        )))
+    }
+
+    #[test]
+    fn what_counts_as_a_lost_node() {
+        use lapin::protocol::{AMQPError, AMQPErrorKind, AMQPHardError};
+        let closed = lapin::ErrorKind::InvalidChannelState(lapin::ChannelState::Closed, "publish");
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        let forced = AMQPErrorKind::Hard(AMQPHardError::CONNECTIONFORCED);
+        let shutdown = AMQPError::new(forced, "CONNECTION_FORCED - shutdown".into());
+        assert!(timeout().is_node_lost());
+        assert!(failed(closed).is_node_lost());
+        assert!(failed(lapin::ErrorKind::IOError(reset.into())).is_node_lost());
+        assert!(failed(lapin::ErrorKind::ProtocolError(shutdown)).is_node_lost());
+        assert!(failed(lapin::ErrorKind::MissingHeartbeatError).is_node_lost());
+        assert!(!refused().is_node_lost());
     }
 
     #[tokio::test(start_paused = true)]
