@@ -203,6 +203,12 @@ pub(super) async fn lane(
             () = stop.cancelled() => return records,
             () = tokio::time::sleep(gap) => {}
         }
+        // A node fault waits for any other to end (at most one node down),
+        // and starts, and is recorded, once it may.
+        let _one_down = match kind.counts_from_due() {
+            true => Some(world.nodes.lock().await),
+            false => None,
+        };
         let started = Utc::now();
         let at = (started - soak_started).num_seconds();
         println!("soak +{:02}:{:02}: {}", at / 60, at % 60, kind.label());
@@ -282,8 +288,8 @@ fn draw(rng: &mut StdRng, lane: Lane, serves: usize) -> (Duration, Kind) {
 /// Injects `kind` and repairs it; returns when it is repaired, with the
 /// records of the faults it caused besides itself.
 async fn inject(world: &SoakWorld, kind: Kind) -> anyhow::Result<Vec<Record>> {
+    // The caller holds the node lock.
     let node_fault = |down: &'static str, up: &'static str, node: usize, lasting, limit| async move {
-        let _one_down = world.nodes.lock().await;
         cluster_sh(&[down, &node.to_string()], limit).await?;
         tokio::time::sleep(lasting).await;
         cluster_sh(&[up, &node.to_string()], 180).await?;
@@ -357,6 +363,10 @@ async fn inject(world: &SoakWorld, kind: Kind) -> anyhow::Result<Vec<Record>> {
                 "soak: {} schedule calls went to the old ladder; {moved}",
                 world.old_ladder.taken()
             );
+            // Each node the migration lost and carried on from.
+            for lost in said.lines().filter(|l| l.contains("carrying on through")) {
+                println!("soak: ladder migrate: {lost}");
+            }
             Ok(caused)
         }
     }
