@@ -30,7 +30,7 @@ use order_expiry_testkit::Endpoint;
 
 use crate::support::{
     Fault, Outage, ReadyWatch, Subscriber, World, broker_log_count, dead_letter_retry,
-    ensure_ballast, order_service, settle,
+    ensure_ballast, pace, settle,
 };
 
 /// The promise: cancelled within the broker's dead-letter retry and this of
@@ -96,10 +96,10 @@ async fn broker_outage(name: &'static str, fault: Fault, consumer: Consumer, exp
     let mut watch = Some(ReadyWatch::start(&served));
     let scheduler = Arc::new(world.scheduler());
     let stop_orders = CancellationToken::new();
-    let orders = tokio::spawn(order_service(
+    let orders = tokio::spawn(order_expiry_testkit::order_service(
         Arc::clone(&world.store),
         Arc::clone(&scheduler),
-        Duration::from_millis(20),
+        pace(Duration::from_millis(20)),
         stop_orders.clone(),
     ));
 
@@ -194,7 +194,7 @@ async fn broker_outage(name: &'static str, fault: Fault, consumer: Consumer, exp
             late.max.as_millis(),
             bound.as_secs(),
             late.beyond_bound,
-            ledger.schedule_errors,
+            ledger.schedule_errors(),
             (back_at - broken_at).as_secs_f64(),
             (ready_at - back_at).as_secs_f64(),
             (drained_at - back_at).as_secs_f64(),

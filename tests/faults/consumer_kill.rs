@@ -129,10 +129,7 @@ async fn killed_holding(bundled: bool) {
     let second_started_at = chrono::Utc::now();
     let mut second = world.serve(&[]).await;
     let started = Instant::now();
-    let mut ledger = Ledger::default();
-    for (id, due) in held.iter().chain(&in_flight).chain(&ladder) {
-        ledger.add(id, *due, true, false);
-    }
+    let ledger = Ledger::scheduled(held.iter().chain(&in_flight).chain(&ladder));
     let figures = settle(&world, &ledger, Duration::from_secs(30)).await;
     let settled = started.elapsed();
     figures.assert_invariants();

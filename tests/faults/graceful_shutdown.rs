@@ -118,10 +118,7 @@ async fn sigterm_under_load_exits_zero_and_hands_back_what_it_did_not_finish() {
 
     // The next consumer finishes the job.
     let second = world.serve(&env).await;
-    let mut ledger = Ledger::default();
-    for (id, at) in held.iter().chain(&due) {
-        ledger.add(id, *at, true, false);
-    }
+    let ledger = Ledger::scheduled(held.iter().chain(&due));
     let figures = settle(&world, &ledger, Duration::from_secs(30)).await;
     figures.assert_invariants();
     second.assert_nothing_swept().await;
@@ -198,10 +195,7 @@ async fn sigterm_with_cancels_stuck_in_the_database_exits_at_the_drain_timeout()
     // consumer finds those orders already cancelled and only acks them.
     lock.release().await;
     let second = world.serve(&env).await;
-    let mut ledger = Ledger::default();
-    for (id, at) in &stuck {
-        ledger.add(id, *at, true, false);
-    }
+    let ledger = Ledger::scheduled(&stuck);
     let figures = settle(&world, &ledger, Duration::from_secs(30)).await;
     figures.assert_invariants();
     second.assert_nothing_swept().await;

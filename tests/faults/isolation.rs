@@ -43,10 +43,7 @@ async fn one_order_locked_for_thirty_seconds_holds_up_no_other() {
         .schedule_many(orders.iter().map(|(id, due)| (id.clone(), *due)))
         .await;
     assert!(scheduled.iter().all(Result::is_ok), "all scheduled");
-    let mut others = Ledger::default();
-    for (id, due) in orders.iter().filter(|(id, _)| id != locked) {
-        others.add(id, *due, true, false);
-    }
+    let others = Ledger::scheduled(orders.iter().filter(|(id, _)| id != locked));
     let figures = settle(&world, &others, Duration::from_secs(20)).await;
     figures.assert_invariants();
     served.assert_nothing_swept().await;
@@ -129,16 +126,8 @@ async fn a_silent_database_for_a_minute_loses_nothing_and_does_not_spin() {
     let orders: Vec<_> = (0..ORDERS)
         .map(|i| order(format!("bh-{i}"), at_ms(2000 + i as i64 * 100)))
         .collect();
-    world.create_orders(&orders).await;
     let scheduler = world.scheduler();
-    let scheduled = scheduler
-        .schedule_many(orders.iter().map(|(id, due)| (id.clone(), *due)))
-        .await;
-    let mut ledger = Ledger::default();
-    for (i, ((id, due), ok)) in orders.iter().zip(&scheduled).enumerate() {
-        let paid = i % 4 == 0 && world.store.pay(id).await.expect("pay");
-        ledger.add(id, *due, ok.is_ok(), paid);
-    }
+    let ledger = Ledger::place(&world, &scheduler, &orders, 4).await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
 
     proxy.blackhole();
@@ -243,16 +232,8 @@ async fn a_deleted_due_queue_is_declared_again_and_nothing_is_lost() {
     let orders: Vec<_> = (0..ORDERS)
         .map(|i| order(format!("dq-{i}"), at_ms(2000 + i as i64 * 30)))
         .collect();
-    world.create_orders(&orders).await;
     let scheduler = world.scheduler();
-    let scheduled = scheduler
-        .schedule_many(orders.iter().map(|(id, due)| (id.clone(), *due)))
-        .await;
-    let mut ledger = Ledger::default();
-    for (i, ((id, due), ok)) in orders.iter().zip(&scheduled).enumerate() {
-        let paid = i % 4 == 0 && world.store.pay(id).await.expect("pay");
-        ledger.add(id, *due, ok.is_ok(), paid);
-    }
+    let ledger = Ledger::place(&world, &scheduler, &orders, 4).await;
     tokio::time::sleep(Duration::from_millis(4000)).await;
     let due_queue = world.ladder().due_queue();
     world

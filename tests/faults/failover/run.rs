@@ -76,15 +76,7 @@ impl Scenario {
                 order(format!("{prefix}-{i}"), due)
             })
             .collect();
-        self.world.create_orders(&orders).await;
-        let results = self.scheduler.schedule_many(orders.iter().cloned()).await;
-        let mut ledger = Ledger::default();
-        for (i, ((id, due), result)) in orders.iter().zip(results).enumerate() {
-            let scheduled = result.is_ok();
-            let paid = scheduled && i % 5 == 0 && self.world.store.pay(id).await.expect("pay");
-            ledger.add(id, *due, scheduled, paid);
-        }
-        ledger
+        Ledger::place(&self.world, &self.scheduler, &orders, 5).await
     }
 
     /// Pays the orders `i % 5 == 1` of `ledger` 200 ms before each is due, across

@@ -5,8 +5,8 @@
 //!   queue report.
 //! - [`Outage`]: breaks the broker or the database; dropping it (also when the test
 //!   panics) brings the service back and waits until it answers.
-//! - [`Ledger`] / [`Figures`]: what the order service did, audited from the
-//!   database against the invariants.
+//! - [`settle`]: the testkit's [`Ledger`] audited against the invariants,
+//!   with where the messages are while it waits.
 //! - [`ensure_ballast`]: the broker topology under which a restart stalls a level.
 
 mod audit;

@@ -1,19 +1,14 @@
 //! A fault test's world: the shared isolated world of `order_expiry_testkit`,
 //! plus what only the fault tests need: `serve` with logs kept per scenario,
-//! row locks, reading the table while the database comes back, and a report of
-//! where messages are.
+//! row locks and a report of where messages are.
 
-use std::collections::HashMap;
 use std::ops::Deref;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use lapin::options::BasicGetOptions;
 use order_expiry::{publisher::DueMessage, publisher::ExpiryMessage};
-use order_expiry_testkit::{OrderRow, Served, message, vhost};
-use secrecy::ExposeSecret;
-use tokio_postgres::NoTls;
+use order_expiry_testkit::{Served, message, vhost};
 
 use super::*;
 
@@ -86,47 +81,6 @@ impl World {
             .await
             .expect("lock rows");
         RowLock { client }
-    }
-
-    /// Every order row, retrying while the database comes back. Read on a
-    /// connection of its own: a pooled one may still reach a server that
-    /// stopped being the primary (and holds what it had then).
-    pub async fn rows(&self) -> HashMap<String, OrderRow> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match self.read_rows().await {
-                Ok(rows) => return rows,
-                Err(e) if Instant::now() > deadline => panic!("reading orders: {e}"),
-                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-            }
-        }
-    }
-
-    async fn read_rows(&self) -> Result<HashMap<String, OrderRow>, tokio_postgres::Error> {
-        let client = self.connect().await?;
-        let select = "SELECT id, status, pay_deadline, paid_at, cancelled_at FROM orders";
-        let rows = client.query(select, &[]).await?;
-        Ok(rows
-            .iter()
-            .map(|r| {
-                let row = OrderRow {
-                    status: r.get(1),
-                    pay_deadline: r.get(2),
-                    paid_at: r.get(3),
-                    cancelled_at: r.get(4),
-                };
-                (r.get(0), row)
-            })
-            .collect())
-    }
-
-    /// A new connection to the world's database (with several hosts, the
-    /// one that takes writes), its schema first on the search path.
-    pub async fn connect(&self) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-        let url = self.settings.database.url.expose_secret();
-        let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
-        tokio::spawn(connection);
-        Ok(client)
     }
 
     /// This world's non-empty queues as `name ready/unacked`, from `rabbitmqctl`.

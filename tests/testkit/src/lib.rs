@@ -18,6 +18,8 @@
 //! - [`endpoint`]: [`Endpoint`]: a scripted local order service (the HTTP
 //!   action's expire endpoint) and payment gateway (the check), recording
 //!   every request.
+//! - [`ledger`]: [`Ledger`] / [`Figures`]: what a scenario's order service
+//!   placed, audited from the orders table against the invariants.
 //! - [`subscriber`]: [`Subscriber`]: an event-driven order service for the
 //!   event action, cancelling on `order.expired`.
 //!
@@ -33,6 +35,7 @@ pub mod child;
 pub mod cluster;
 pub mod consumer;
 pub mod endpoint;
+pub mod ledger;
 pub mod pg_pair;
 pub mod procfs;
 pub mod proxy;
@@ -46,6 +49,7 @@ pub use self::broker::{BrokerVersion, announced_version, broker_version};
 pub use self::child::{Child, Launch, settings_env};
 pub use self::consumer::RunningConsumer;
 pub use self::endpoint::{Endpoint, Expiry, Reply, Request, expire_order};
+pub use self::ledger::{Figures, Ledger, Pace, Placed, order_service, settle};
 pub use self::proxy::Proxy;
 pub use self::served::{ReadyWatch, Served, http_get, metric_value};
 pub use self::services::{

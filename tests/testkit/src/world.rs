@@ -261,7 +261,7 @@ impl World {
         {
             return Some(channel.clone());
         }
-        let connection = self.connect(wait).await?;
+        let connection = self.connect_broker(wait).await?;
         let channel = connection.create_channel().await.ok()?;
         *link = Some((connection, channel.clone()));
         Some(channel)
@@ -276,7 +276,7 @@ impl World {
         connection.create_channel().await.expect("a channel")
     }
 
-    async fn connect(&self, wait: Duration) -> Option<Connection> {
+    async fn connect_broker(&self, wait: Duration) -> Option<Connection> {
         let deadline = Instant::now() + wait;
         let url = self.admin_url.expose_secret();
         loop {
@@ -334,6 +334,34 @@ impl World {
         let select = "SELECT id, status, pay_deadline, paid_at, cancelled_at FROM orders";
         let rows = client.query(select, &[]).await.map_err(|e| e.to_string())?;
         Ok(rows.iter().map(OrderRow::keyed).collect())
+    }
+
+    /// Every order row, retrying for up to 30 s while the database comes
+    /// back. Read on a connection of its own: a pooled one may still reach a
+    /// server that stopped being the primary (and holds what it had then).
+    pub async fn rows(&self) -> HashMap<String, OrderRow> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let read = async {
+                let select = "SELECT id, status, pay_deadline, paid_at, cancelled_at FROM orders";
+                let rows = self.connect().await?.query(select, &[]).await?;
+                Ok::<_, tokio_postgres::Error>(rows.iter().map(OrderRow::keyed).collect())
+            };
+            match read.await {
+                Ok(rows) => return rows,
+                Err(e) if Instant::now() > deadline => panic!("reading orders: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+
+    /// A new connection to the world's database (with several hosts, the
+    /// one that takes writes), its schema first on the search path.
+    pub async fn connect(&self) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+        let url = self.settings.database.url.expose_secret();
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+        tokio::spawn(connection);
+        Ok(client)
     }
 
     async fn orders_where(&self, filter: &str, value: &str) -> HashMap<String, OrderRow> {
