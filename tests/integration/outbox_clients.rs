@@ -138,9 +138,7 @@ async fn the_python_order_service_refuses_an_expire_before_due() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_order_service_schedules_through_the_outbox() {
     let env = World::new().await;
-    let log = std::env::temp_dir().join(format!("order-expiry-python-{}.log", env.id));
-    let binary = Path::new(env!("CARGO_BIN_EXE_order-expiry"));
-    let served = order_expiry_testkit::Served::start(binary, &env.settings, &[], log).await;
+    let served = env.serve(&[]).await;
     served.wait_ready(Duration::from_secs(20)).await;
 
     let created = order_service(&env, &["create", "py-1", "3"]).await;

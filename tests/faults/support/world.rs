@@ -1,21 +1,19 @@
-//! A fault test's world: the shared isolated world of `order_expiry_testkit`,
-//! plus what only the fault tests need: `serve` with logs kept per scenario,
-//! row locks and a report of where messages are.
+//! A fault test's world: the shared isolated world of `order_expiry_testkit`
+//! (its `serve` logs kept per scenario), plus what only the fault tests need:
+//! the services up first, row locks and a report of where messages are.
 
 use std::ops::Deref;
-use std::path::PathBuf;
 
 use chrono::{DateTime, Utc};
 use lapin::options::BasicGetOptions;
 use order_expiry::{publisher::DueMessage, publisher::ExpiryMessage};
-use order_expiry_testkit::{Served, message, vhost};
+use order_expiry_testkit::{message, vhost};
 
 use super::*;
 
 /// One scenario's world; derefs to the shared [`order_expiry_testkit::World`].
 pub struct World {
     world: order_expiry_testkit::World,
-    logs: PathBuf,
 }
 
 impl Deref for World {
@@ -47,25 +45,10 @@ impl World {
     async fn build(name: &'static str, builder: order_expiry_testkit::WorldBuilder) -> Self {
         ensure_broker_up();
         ensure_database_up();
-        let world = builder.build().await.expect("a test world");
-        let logs = std::env::temp_dir().join(format!("order-expiry-faults-{}", world.id));
-        std::fs::create_dir_all(&logs).expect("log dir");
-        eprintln!(
-            "scenario {name:?}: prefix {}, schema {}, service logs in {}",
-            world.settings.topology.prefix,
-            world.schema(),
-            logs.display()
-        );
-        Self { world, logs }
-    }
-
-    /// Starts `order-expiry serve` for this world; `env` adds or overrides
-    /// `ORDER_EXPIRY__…` variables.
-    pub async fn serve(&self, env: &[(&str, &str)]) -> Served {
-        let n = std::fs::read_dir(&self.logs).map_or(0, |d| d.count());
-        let log = self.logs.join(format!("serve-{n}.log"));
-        let binary = std::path::Path::new(env!("CARGO_BIN_EXE_order-expiry"));
-        Served::start(binary, &self.settings, env, log).await
+        let world = builder.scenario("faults", name).build().await;
+        Self {
+            world: world.expect("a test world"),
+        }
     }
 
     /// Opens a transaction holding the row locks of `ids`: a cancel statement
@@ -133,9 +116,6 @@ impl World {
     /// logs unless `FAULTS_KEEP_LOGS` is set.
     pub async fn cleanup(self) {
         self.world.cleanup().await;
-        if std::env::var_os("FAULTS_KEEP_LOGS").is_none() {
-            let _ = std::fs::remove_dir_all(&self.logs);
-        }
     }
 }
 

@@ -5,7 +5,9 @@
 //! other.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -22,6 +24,7 @@ use secrecy::{ExposeSecret, SecretString};
 use tokio::sync::Mutex;
 
 use crate::consumer::RunningConsumer;
+use crate::served::Served;
 use crate::services::{self, with_search_path};
 
 /// Ladder levels of test worlds: delays up to 63 s, quick to declare.
@@ -48,6 +51,10 @@ pub struct World {
     link: Mutex<Option<(Connection, Channel)>>,
     declared: Mutex<Vec<Topology>>,
     removal_timeout: Duration,
+    /// Where [`World::serve`] writes its logs, and the variable that keeps
+    /// them after cleanup (see [`WorldBuilder::scenario`]).
+    logs: Option<(PathBuf, String)>,
+    serves: AtomicUsize,
 }
 
 impl std::fmt::Debug for World {
@@ -67,6 +74,7 @@ pub struct WorldBuilder {
     kind: String,
     declare: bool,
     removal_timeout: Duration,
+    scenario: Option<(String, String)>,
 }
 
 impl World {
@@ -99,6 +107,7 @@ impl World {
             kind: "t".into(),
             declare: true,
             removal_timeout: Duration::from_secs(10),
+            scenario: None,
         }
     }
 }
@@ -165,6 +174,14 @@ impl WorldBuilder {
         self
     }
 
+    /// A named scenario of suite `suite` (`faults`, `cluster`): its `serve`
+    /// logs go to a directory of their own, said at start and removed at
+    /// cleanup unless `<SUITE>_KEEP_LOGS` is set.
+    pub fn scenario(mut self, suite: &str, name: &str) -> Self {
+        self.scenario = Some((suite.to_owned(), name.to_owned()));
+        self
+    }
+
     /// Creates the schema and the orders table, then declares the topology.
     /// Nothing is left behind when it fails.
     pub async fn build(self) -> anyhow::Result<World> {
@@ -191,6 +208,8 @@ impl WorldBuilder {
             link: Mutex::new(None),
             declared: Mutex::new(Vec::new()),
             removal_timeout: self.removal_timeout,
+            logs: None,
+            serves: AtomicUsize::new(0),
             id,
         };
         world.settings.topology.prefix = format!("{}-{}", self.kind, world.id);
@@ -199,6 +218,17 @@ impl WorldBuilder {
         if let Err(e) = world.populate(self.declare).await {
             world.cleanup().await;
             return Err(e);
+        }
+        if let Some((suite, name)) = self.scenario {
+            let dir = std::env::temp_dir().join(format!("order-expiry-{suite}-{}", world.id));
+            std::fs::create_dir_all(&dir).context("the scenario's log directory")?;
+            eprintln!(
+                "scenario {name:?}: prefix {}, schema {}, service logs in {}",
+                world.settings.topology.prefix,
+                world.schema,
+                dir.display()
+            );
+            world.logs = Some((dir, format!("{}_KEEP_LOGS", suite.to_uppercase())));
         }
         Ok(world)
     }
@@ -289,6 +319,28 @@ impl World {
                 Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
             }
         }
+    }
+
+    /// Starts `order-expiry serve` for this world's settings, logging into
+    /// the scenario's directory (or the temporary one, the log removed at
+    /// cleanup); `env` adds or overrides `ORDER_EXPIRY__…` variables.
+    pub async fn serve(&self, env: &[(&str, &str)]) -> Served {
+        self.serve_labelled("", env).await
+    }
+
+    /// [`World::serve`], `label` in its log's name in a scenario's directory.
+    pub async fn serve_labelled(&self, label: &str, env: &[(&str, &str)]) -> Served {
+        let n = self.serves.fetch_add(1, Ordering::Relaxed);
+        let log = match &self.logs {
+            Some((dir, _)) => dir.join(format!("serve-{n}{label}.log")),
+            None => self.temporary_log(n),
+        };
+        Served::start(&crate::served::binary(), &self.settings, env, log).await
+    }
+
+    fn temporary_log(&self, n: usize) -> PathBuf {
+        let name = format!("order-expiry-{}-serve-{n}.log", self.id);
+        std::env::temp_dir().join(name)
     }
 
     /// Starts the real consumer in this process; its outcomes are observed.
@@ -482,6 +534,18 @@ impl World {
         {
             let drop = format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema);
             let _ = client.batch_execute(&drop).await;
+        }
+        match &self.logs {
+            Some((dir, keep)) if std::env::var_os(keep).is_none() => {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            Some(_) => {}
+            // A test that panics never comes here: its logs stay.
+            None => {
+                for n in 0..self.serves.load(Ordering::Relaxed) {
+                    let _ = std::fs::remove_file(self.temporary_log(n));
+                }
+            }
         }
     }
 }
