@@ -46,7 +46,7 @@ pub mod tls_front;
 pub mod world;
 
 pub use self::broker::{BrokerVersion, announced_version, broker_version};
-pub use self::child::{Child, Launch, settings_env};
+pub use self::child::{Child, Launch, run_cli, settings_env, succeeded};
 pub use self::consumer::RunningConsumer;
 pub use self::endpoint::{Endpoint, Expiry, Reply, Request, expire_order};
 pub use self::ledger::{Figures, Ledger, Pace, Placed, order_service, settle};

@@ -343,6 +343,11 @@ impl World {
         std::env::temp_dir().join(name)
     }
 
+    /// `order-expiry ARGS` with this world's settings (see [`crate::run_cli`]).
+    pub async fn cli(&self, args: &[&str], extra: &[(&str, &str)]) -> std::process::Output {
+        crate::run_cli(&self.settings, args, extra).await
+    }
+
     /// Starts the real consumer in this process; its outcomes are observed.
     pub fn start_consumer(&self) -> RunningConsumer {
         RunningConsumer::start(&self.settings, Arc::clone(&self.store))
@@ -508,6 +513,20 @@ impl World {
             .await
             .expect("queue exists")
             .message_count()
+    }
+
+    /// Whether `queue` exists (asked on a channel of its own, which the
+    /// broker closes when it does not).
+    pub async fn has_queue(&self, queue: &str) -> bool {
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let channel = self.open_channel().await;
+        let declared = channel.queue_declare(queue.into(), passive, FieldTable::default());
+        let exists = declared.await.is_ok();
+        let _ = channel.close(200, "asked".into()).await;
+        exists
     }
 
     /// Takes one message from a queue (acking it), if any.
