@@ -96,6 +96,20 @@ pub fn order_ids(body: &[u8]) -> Vec<String> {
     decoded.messages().map(|m| m.order_id.to_string()).collect()
 }
 
+/// Of `times` (sorted here), the most within any one second.
+pub fn busiest_second(times: &mut [chrono::DateTime<chrono::Utc>]) -> usize {
+    times.sort();
+    let mut most = 0;
+    let mut start = 0;
+    for end in 0..times.len() {
+        while times[end] - times[start] >= chrono::TimeDelta::seconds(1) {
+            start += 1;
+        }
+        most = most.max(end - start + 1);
+    }
+    most
+}
+
 /// The number right after the first `word` in `text` (a command's report),
 /// an opening parenthesis skipped; panics when there is none.
 pub fn number_after(text: &str, word: &str) -> f64 {
@@ -120,4 +134,15 @@ pub fn number_before(text: &str, word: &str) -> f64 {
         .next_back()
         .and_then(|n| n.trim_start_matches('(').parse().ok())
         .unwrap_or_else(|| panic!("a number before {word:?} in {text}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_busiest_second_counts_the_densest_window() {
+        let at = |ms| chrono::DateTime::from_timestamp_millis(ms).expect("a time");
+        let mut times = [at(2_500), at(0), at(900), at(1_000), at(300), at(3_600)];
+        assert_eq!(super::busiest_second(&mut times), 3);
+        assert_eq!(super::busiest_second(&mut []), 0);
+    }
 }
