@@ -12,7 +12,7 @@ use secrecy::ExposeSecret;
 use tokio_postgres::NoTls;
 
 use super::timeline::{Recovery, Timeline};
-use crate::support::{Ledger, World, at_ms, order};
+use crate::support::{Figures, Ledger, World, at_ms, order, settle};
 
 /// A scenario: the pair up as `mode` says, a world on it, `serve` with both
 /// hosts in its URL (the sweeper off, as every world's), `/readyz` watched
@@ -106,7 +106,30 @@ impl Scenario {
     }
 }
 
+/// How a scenario that loses nothing ended: the audit, the recovery and
+/// `serve`'s own count of its cancels.
+pub struct Ended {
+    pub figures: Figures,
+    pub recovery: Recovery,
+    pub served_cancels: f64,
+}
+
 impl Scenario {
+    /// Waits (at most `limit`) until `ledger` settles, then reads what
+    /// `timeline` shows of the recovery and `serve`'s cancels.
+    pub async fn settle(&self, timeline: &Timeline, ledger: &Ledger, limit: Duration) -> Ended {
+        let figures = settle(&self.world, ledger, limit).await;
+        let served_cancels = self
+            .served
+            .metric("order_expiry_messages_total{outcome=\"cancelled\"}")
+            .await;
+        Ended {
+            figures,
+            recovery: self.recovery(timeline, ledger).await,
+            served_cancels,
+        }
+    }
+
     /// Stops `serve` and removes the world (the pair is left as it is: the
     /// next scenario's `up` rebuilds it).
     pub async fn finish(self) {
@@ -114,6 +137,50 @@ impl Scenario {
         drop(self.watch);
         drop(self.served);
         self.world.cleanup().await;
+    }
+}
+
+impl Ended {
+    /// The scenario's FIGURES line: `title`, the recovery, both counts of
+    /// cancels, then `extra`.
+    pub fn print(&self, title: &str, extra: &str) {
+        let (figures, recovery) = (&self.figures, &self.recovery);
+        let cancels = format!(
+            "serve's cancels {}, the database's {}",
+            self.served_cancels, figures.cancelled
+        );
+        figures.print(
+            title,
+            &format!("{}; {cancels}; {extra}", recovery.describe()),
+        );
+    }
+
+    /// What every scenario that loses nothing promises: the invariants,
+    /// every order within [`super::timeline::BOUND`], nothing swept, no cancel
+    /// lost or done twice, and some order due in the outage (or the scenario
+    /// tested nothing).
+    pub async fn assert_promises(&self, s: &Scenario) {
+        let figures = &self.figures;
+        if figures.lost > 0 {
+            eprintln!(
+                "pair: {}\nserve: {}",
+                pg_pair::status(),
+                s.served.log_tail(20)
+            );
+        }
+        figures.assert_invariants();
+        self.recovery.assert_within_bound();
+        s.served.assert_nothing_swept().await;
+        assert!(
+            self.served_cancels <= figures.cancelled as f64,
+            "serve cancelled {} orders, the database holds {}: some cancel was lost or done twice",
+            self.served_cancels,
+            figures.cancelled
+        );
+        assert!(
+            self.recovery.due_in_outage > 0,
+            "no order came due in the outage"
+        );
     }
 }
 
