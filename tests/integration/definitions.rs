@@ -52,7 +52,7 @@ fn the_export_for_the_event_action_lets_the_consumer_write_its_exchange() {
         .env("ORDER_EXPIRY__ACTION__AMQP__EXCHANGE", "shop.events")
         .output()
         .expect("order-expiry runs");
-    let exported: Value = serde_json::from_str(&succeeded(&out)).unwrap();
+    let exported: Value = serde_json::from_str(&succeeded("topology export", &out)).unwrap();
     let plain: Value = serde_json::from_str(&repo_definitions()).unwrap();
     let consumer_write = |defs: &Value| {
         defs["permissions"]

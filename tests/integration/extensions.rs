@@ -28,7 +28,10 @@ async fn schedule_with_cli(env: &World, id: &str, due_at: DateTime<Utc>) {
     let due_at = due_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let mut cmd = crate::cli::binary(env);
     cmd.args(["schedule", "--order-id", id, "--due-at", &due_at]);
-    succeeded(&cmd.output().await.expect("the binary runs"));
+    succeeded(
+        "order-expiry schedule",
+        &cmd.output().await.expect("the binary runs"),
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,7 +14,10 @@ use rand::Rng;
 /// Runs `order-expiry ladder migrate ARGS` with `settings` (the new ladder).
 async fn migrate(settings: &Settings, args: &[&str]) -> String {
     let args = [&["ladder", "migrate"][..], args].concat();
-    succeeded(&run_cli(settings, &args, &[]).await)
+    succeeded(
+        "order-expiry ladder migrate",
+        &run_cli(settings, &args, &[]).await,
+    )
 }
 
 /// `n` unpaid orders due 4-40 s from now, scheduled into the world's ladder

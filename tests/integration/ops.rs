@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use chrono::{TimeDelta, Utc};
 use lapin::BasicProperties;
-use order_expiry_testkit::{World, succeeded};
+use order_expiry_testkit::World;
 use serde_json::Value;
 
 async fn status_json(env: &World, margin: &str) -> (Option<i32>, Value) {
@@ -258,7 +258,7 @@ async fn parked_list_and_selective_replay_strip_the_dead_letter_headers() {
     let (past_body, _) = three_parked(&env).await;
     let parked_queue = env.ladder().parked_queue();
 
-    let listed = succeeded(&env.cli(&["parked", "list"], &[]).await);
+    let listed = env.cli_ok(&["parked", "list"]).await;
     assert!(listed.starts_with("3 parked messages\n"), "{listed}");
     assert!(
         listed.contains("order p-past  reason: SQLSTATE 23514"),
@@ -275,10 +275,9 @@ async fn parked_list_and_selective_replay_strip_the_dead_letter_headers() {
     assert!(listed.contains("body: {\\\"v\\\": 1"), "{listed}");
     assert_depth(&env, &parked_queue, 3).await;
 
-    let out = succeeded(
-        &env.cli(&["parked", "replay", "--order-id", "p-past"], &[])
-            .await,
-    );
+    let out = env
+        .cli_ok(&["parked", "replay", "--order-id", "p-past"])
+        .await;
     assert!(
         out.starts_with("replayed 1: 1 to the due exchange"),
         "{out}"
@@ -312,7 +311,7 @@ async fn parked_list_and_selective_replay_strip_the_dead_letter_headers() {
     );
 
     let replay = ["parked", "replay", "--reason", "still pending"];
-    let out = succeeded(&env.cli(&replay, &[]).await);
+    let out = env.cli_ok(&replay).await;
     assert!(
         out.contains("0 to the due exchange (due time passed), 1 through the ladder"),
         "{out}"
@@ -337,7 +336,7 @@ async fn parked_replay_all_cancels_on_time_and_leaves_the_malformed_parked() {
     let env = World::new().await;
     three_parked(&env).await;
     let mut consumer = env.start_consumer();
-    let out = succeeded(&env.cli(&["parked", "replay", "--all"], &[]).await);
+    let out = env.cli_ok(&["parked", "replay", "--all"]).await;
     assert!(out.starts_with("replayed 2: 1 to the due exchange (due time passed), 1 through the ladder; 1 still malformed"), "{out}");
     assert!(out.contains("left parked: {\\\"v\\\": 1"), "{out}");
     consumer.next_n(2, Duration::from_secs(30)).await;
@@ -347,14 +346,14 @@ async fn parked_replay_all_cancels_on_time_and_leaves_the_malformed_parked() {
         assert!(cancelled_at.unwrap() >= deadline, "{id} not early");
     }
     for _ in 0..2 {
-        let out = succeeded(&env.cli(&["parked", "replay", "--all"], &[]).await);
+        let out = env.cli_ok(&["parked", "replay", "--all"]).await;
         assert!(out.starts_with("replayed 0:"), "{out}");
         assert!(out.contains("1 still malformed"), "{out}");
     }
     consumer.expect_quiet(Duration::from_secs(1)).await;
     let parked_queue = env.ladder().parked_queue();
     assert_depth(&env, &parked_queue, 1).await;
-    let listed = succeeded(&env.cli(&["parked", "list"], &[]).await);
+    let listed = env.cli_ok(&["parked", "list"]).await;
     assert!(
         listed.contains("reason: missing field \"order_id\""),
         "{listed}"
@@ -377,7 +376,7 @@ async fn parked_purge_needs_yes() {
         "{stderr}"
     );
     assert_depth(&env, &parked_queue, 3).await;
-    let out = succeeded(&env.cli(&["parked", "purge", "--yes"], &[]).await);
+    let out = env.cli_ok(&["parked", "purge", "--yes"]).await;
     assert_eq!(out.trim(), "purged 3 parked messages");
     assert_depth(&env, &parked_queue, 0).await;
     env.cleanup().await;

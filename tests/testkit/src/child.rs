@@ -284,13 +284,13 @@ pub async fn run_cli(
         .expect("the binary runs")
 }
 
-/// The stdout of a command that must have succeeded; panics with its stdout
-/// and stderr otherwise.
-pub fn succeeded(out: &std::process::Output) -> String {
+/// The stdout of `what`, a command that must have succeeded; panics with its
+/// stdout and stderr otherwise.
+pub fn succeeded(what: impl std::fmt::Display, out: &std::process::Output) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
-        "{}:\n{stdout}\n{}",
+        "{what} failed ({}):\n{stdout}\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );

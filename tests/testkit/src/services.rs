@@ -86,13 +86,7 @@ pub fn rabbitmqctl(args: &[&str]) -> String {
         .args(args)
         .output()
         .expect("rabbitmqctl runs");
-    assert!(
-        out.status.success(),
-        "rabbitmqctl {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    crate::succeeded(format_args!("rabbitmqctl {args:?}"), &out)
 }
 
 fn rabbitmqctl_command() -> Command {

@@ -348,6 +348,13 @@ impl World {
         crate::run_cli(&self.settings, args, extra).await
     }
 
+    /// The stdout of `order-expiry ARGS` with this world's settings, which
+    /// must succeed.
+    pub async fn cli_ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args, &[]).await;
+        crate::succeeded(format_args!("order-expiry {args:?}"), &out)
+    }
+
     /// Starts the real consumer in this process; its outcomes are observed.
     pub fn start_consumer(&self) -> RunningConsumer {
         RunningConsumer::start(&self.settings, Arc::clone(&self.store))
