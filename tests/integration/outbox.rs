@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
-use lapin::options::{QueueBindOptions, QueueDeclareOptions};
+use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 use order_expiry::{service::Readiness, service::Relay};
 use order_expiry_testkit::{Proxy, Served, World, at_ms};
@@ -120,17 +120,7 @@ async fn tap(env: &World) -> String {
         .queue_declare(name.as_str().into(), exclusive, FieldTable::default())
         .await
         .expect("tap queue");
-    let due = env.ladder().due_exchange();
-    channel
-        .queue_bind(
-            name.as_str().into(),
-            due.as_str().into(),
-            "#".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("tap binding");
+    env.bind(&name, &env.ladder().due_exchange(), "#").await;
     name
 }
 

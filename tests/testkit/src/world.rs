@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use chrono::{DateTime, Utc};
 use lapin::options::{
-    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueBindOptions,
+    QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Confirmation, Connection};
@@ -520,6 +521,22 @@ impl World {
             .await
             .expect("queue exists")
             .message_count()
+    }
+
+    /// Binds `queue` to `exchange` for `key`, on the admin channel.
+    pub async fn bind(&self, queue: &str, exchange: &str, key: &str) {
+        let options = QueueBindOptions::default();
+        self.channel()
+            .await
+            .queue_bind(
+                queue.into(),
+                exchange.into(),
+                key.into(),
+                options,
+                FieldTable::default(),
+            )
+            .await
+            .expect("a binding");
     }
 
     /// Whether `queue` exists (asked on a channel of its own, which the
