@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use order_expiry_testkit::pg_pair::{self, Replication};
 
-use super::run::{Scenario, record_payments, until};
+use super::run::{Scenario, record_payments};
 use super::timeline::Timeline;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -20,13 +20,9 @@ async fn a_primary_fenced_read_only_is_left_for_the_promoted_standby_and_nothing
     let s = Scenario::start("failover: primary fenced", Replication::Sync, &[])
         .await
         .unwatched();
-    let mut ledger = s
-        .place("f", 400, Duration::from_secs(2), Duration::from_secs(14))
-        .await;
-    let payer = s.payer(&ledger);
+    let (mut ledger, payer) = s.traffic("f").await;
 
-    until(s.began, Duration::from_secs(7)).await;
-    let fault = Timeline::fault_now();
+    let fault = s.fault_at(Duration::from_secs(7)).await;
     pg_pair::fence(1).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     // Synchronous replication: the standby has every commit the fence let through.

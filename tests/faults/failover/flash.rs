@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use order_expiry_testkit::pg_pair::{self, Replication};
 
-use super::run::{Scenario, until};
+use super::run::Scenario;
 use super::timeline::Timeline;
 use crate::support::{Ledger, at_ms, order};
 
@@ -44,8 +44,7 @@ async fn primary_killed_mid_flash_sale_every_order_cancelled_within_ten_seconds(
         .metric("order_expiry_orders_per_message_count")
         .await;
 
-    until(s.began, Duration::from_secs(14)).await;
-    let fault = Timeline::fault_now();
+    let fault = s.fault_at(Duration::from_secs(14)).await;
     pg_pair::kill(1).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let timeline = Timeline::new(fault, pg_pair::promote(2).await);

@@ -24,13 +24,9 @@ async fn primary_killed_standby_promoted_every_order_cancelled_within_ten_second
         stop.clone(),
     ));
     // Due from 2 s to 16 s from now: the kill comes at 7 s.
-    let mut ledger = s
-        .place("k", 400, Duration::from_secs(2), Duration::from_secs(14))
-        .await;
-    let payer = s.payer(&ledger);
+    let (mut ledger, payer) = s.traffic("k").await;
 
-    until(s.began, Duration::from_secs(7)).await;
-    let fault = Timeline::fault_now();
+    let fault = s.fault_at(Duration::from_secs(7)).await;
     pg_pair::kill(1).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let timeline = Timeline::new(fault, pg_pair::promote(2).await);

@@ -63,8 +63,7 @@ async fn lag_then_kill(name: &'static str, mode: Replication) -> Lagged {
         }
         paid
     });
-    until(s.began, Duration::from_secs(8)).await;
-    let fault = Timeline::fault_now();
+    let fault = s.fault_at(Duration::from_secs(8)).await;
     pg_pair::kill(1).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let timeline = Timeline::new(fault, pg_pair::promote(2).await);

@@ -9,6 +9,7 @@ use order_expiry::{Scheduler, service::PgOrderStore};
 use order_expiry_testkit::pg_pair::{self, PairLock, Replication};
 use order_expiry_testkit::{ReadyWatch, Served};
 use secrecy::ExposeSecret;
+use tokio::task::JoinHandle;
 use tokio_postgres::NoTls;
 
 use super::timeline::{Recovery, Timeline};
@@ -79,9 +80,24 @@ impl Scenario {
         Ledger::place(&self.world, &self.scheduler, &orders, 5).await
     }
 
+    /// The usual traffic: 400 orders `<prefix>-<i>` due 2-16 s after now
+    /// (every fifth paid at once), and the payer racing their due times.
+    pub async fn traffic(&self, prefix: &str) -> (Ledger, JoinHandle<Vec<(String, Paid)>>) {
+        let (first, spread) = (Duration::from_secs(2), Duration::from_secs(14));
+        let ledger = self.place(prefix, 400, first, spread).await;
+        let payer = self.payer(&ledger);
+        (ledger, payer)
+    }
+
+    /// Waits until `at` after the scenario began: the fault's time.
+    pub async fn fault_at(&self, at: Duration) -> (Instant, DateTime<Utc>) {
+        until(self.began, at).await;
+        Timeline::fault_now()
+    }
+
     /// Pays the orders `i % 5 == 1` of `ledger` 200 ms before each is due, across
     /// whatever the database does meanwhile (see [`pay_for_sure`]).
-    pub fn payer(&self, ledger: &Ledger) -> tokio::task::JoinHandle<Vec<(String, Paid)>> {
+    pub fn payer(&self, ledger: &Ledger) -> JoinHandle<Vec<(String, Paid)>> {
         let store = Arc::clone(&self.world.store);
         let url = self.world.settings.database.url.expose_secret().to_owned();
         let due: Vec<_> = ledger

@@ -7,20 +7,16 @@ use std::time::Duration;
 
 use order_expiry_testkit::pg_pair::{self, Replication};
 
-use super::run::{Scenario, record_payments, until};
+use super::run::{Scenario, record_payments};
 use super::timeline::Timeline;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "long: scripts/test --long"]
 async fn switchover_stop_then_promote_every_order_cancelled_within_ten_seconds() {
     let s = Scenario::start("failover: switchover", Replication::Sync, &[]).await;
-    let mut ledger = s
-        .place("w", 400, Duration::from_secs(2), Duration::from_secs(14))
-        .await;
-    let payer = s.payer(&ledger);
+    let (mut ledger, payer) = s.traffic("w").await;
 
-    until(s.began, Duration::from_secs(7)).await;
-    let fault = Timeline::fault_now();
+    let fault = s.fault_at(Duration::from_secs(7)).await;
     pg_pair::stop(1).await;
     let timeline = Timeline::new(fault, pg_pair::promote(2).await);
 
