@@ -207,3 +207,31 @@ fn faketime(mut vars: Vec<(&'static str, String)>) -> Vec<(&'static str, String)
     ]);
     vars
 }
+
+/// Runs `scripts/lib/<script> ARGS` with `env` added, at most `limit`; its
+/// stdout, or why it failed.
+pub(crate) fn run_script(
+    script: &str,
+    args: &[&str],
+    env: &[(&str, String)],
+    limit: std::time::Duration,
+) -> Result<String, String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/lib");
+    let out = Command::new("timeout")
+        .arg(limit.as_secs().to_string())
+        .arg(path.join(script))
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .map_err(|e| format!("{script} {args:?}: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if out.status.success() {
+        Ok(stdout)
+    } else {
+        Err(format!(
+            "{script} {args:?} exited {:?}: {stdout}{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
