@@ -27,10 +27,9 @@ use std::time::{Duration, Instant};
 
 use chrono::{TimeDelta, Utc};
 use order_expiry_testkit::{Endpoint, Served};
-use tokio_util::sync::CancellationToken;
 
 use crate::support::{
-    ClusterWorld, Figures, NodesBack, kill, order_service, pause, resume, rows, start,
+    ClusterWorld, Figures, NodesBack, kill, orders_on, pause, resume, rows, start,
 };
 
 /// A killed node: every order cancelled within this of its due time. The
@@ -49,9 +48,6 @@ pub(crate) const HUNG: Duration = Duration::from_secs(30);
 
 /// How long the fault lasts before the node is back (unless it never is).
 const DOWN: Duration = Duration::from_secs(60);
-
-/// The publishers' confirm timeout.
-const CONFIRM_TIMEOUT: Duration = Duration::from_secs(3);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Gone {
@@ -117,14 +113,7 @@ pub(crate) async fn from_due(name: &'static str, fault: Gone, http: bool, bound:
     for served in &serves {
         served.wait_ready(Duration::from_secs(30)).await;
     }
-    let scheduler = Arc::new(world.scheduler_on(publisher, CONFIRM_TIMEOUT));
-    let stop_orders = CancellationToken::new();
-    let orders = tokio::spawn(order_service(
-        Arc::clone(&world.store),
-        Arc::clone(&scheduler),
-        Duration::from_millis(20),
-        stop_orders.clone(),
-    ));
+    let orders = orders_on(&world, publisher);
     tokio::time::sleep(Duration::from_secs(5)).await;
     let (fault_at, fault_wall) = (Instant::now(), Utc::now());
     match fault {
@@ -132,8 +121,7 @@ pub(crate) async fn from_due(name: &'static str, fault: Gone, http: bool, bound:
         Gone::Hung => pause(busiest).await,
     }
     tokio::time::sleep(Duration::from_secs(20)).await;
-    stop_orders.cancel();
-    let ledger = orders.await.expect("order service");
+    let ledger = orders.stop().await;
     let during = world.leaders(".ladder.").await;
     let last_due = ledger
         .orders

@@ -10,11 +10,14 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use order_expiry::{Scheduler, service::PgOrderStore};
 use order_expiry_testkit::OrderRow;
-use order_expiry_testkit::ledger::Pace;
 pub use order_expiry_testkit::ledger::{Call, Figures, Ledger};
+use order_expiry_testkit::ledger::{Orders, Pace};
 use tokio_util::sync::CancellationToken;
 
 use super::world::ClusterWorld;
+
+/// The publishers' confirm timeout.
+pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The order service: every `every`, an unpaid order due in 2-30 s, scheduled
 /// and retried every 200 ms until `schedule()` returns `Ok`; every fourth one
@@ -34,6 +37,16 @@ pub async fn order_service(
         give_up_after: Duration::from_secs(60),
     };
     order_expiry_testkit::order_service(store, scheduler, pace, stop).await
+}
+
+/// [`order_service`] every 20 ms, publishing on the URL list with node
+/// `publisher` first ([`CONFIRM_TIMEOUT`]), until [`Orders::stop`].
+pub fn orders_on(world: &ClusterWorld, publisher: usize) -> Orders {
+    let store = Arc::clone(&world.store);
+    let scheduler = world.scheduler_on(publisher, CONFIRM_TIMEOUT);
+    Orders::spawn(scheduler, move |scheduler, stop| {
+        order_service(store, scheduler, Duration::from_millis(20), stop)
+    })
 }
 
 /// Waits until every scheduled, unpaid order is due and cancelled, at most

@@ -196,6 +196,48 @@ pub async fn order_service(
     ledger
 }
 
+/// A running [`order_service`]; [`Orders::stop`] returns its ledger.
+#[derive(Debug)]
+pub struct Orders {
+    scheduler: Arc<Scheduler>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<Ledger>,
+}
+
+impl Orders {
+    /// Starts [`order_service`] on `store` and `scheduler` at `pace`.
+    pub fn start(store: Arc<PgOrderStore>, scheduler: Scheduler, pace: Pace) -> Self {
+        Self::spawn(scheduler, move |scheduler, stop| {
+            order_service(store, scheduler, pace, stop)
+        })
+    }
+
+    /// Starts `service` (an order service) with `scheduler` and the token
+    /// that stops it.
+    pub fn spawn<F, S>(scheduler: Scheduler, service: S) -> Self
+    where
+        S: FnOnce(Arc<Scheduler>, CancellationToken) -> F,
+        F: Future<Output = Ledger> + Send + 'static,
+    {
+        let scheduler = Arc::new(scheduler);
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(service(Arc::clone(&scheduler), stop.clone()));
+        Self {
+            scheduler,
+            stop,
+            task,
+        }
+    }
+
+    /// Stops placing orders, closes the publisher; what was placed.
+    pub async fn stop(self) -> Ledger {
+        self.stop.cancel();
+        let ledger = self.task.await.expect("the order service");
+        self.scheduler.close().await;
+        ledger
+    }
+}
+
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).expect("a small duration")
 }

@@ -49,7 +49,7 @@ pub use self::broker::{BrokerVersion, announced_version, broker_version};
 pub use self::child::{Child, Launch, run_cli, settings_env, succeeded};
 pub use self::consumer::RunningConsumer;
 pub use self::endpoint::{Endpoint, Expiry, Reply, Request, expire_order};
-pub use self::ledger::{Figures, Ledger, Pace, Placed, order_service, settle};
+pub use self::ledger::{Figures, Ledger, Orders, Pace, Placed, order_service, settle};
 pub use self::proxy::Proxy;
 pub use self::served::{ReadyWatch, Served, http_get, metric_value};
 pub use self::services::{
