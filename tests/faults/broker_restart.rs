@@ -28,8 +28,8 @@ use chrono::{DateTime, TimeDelta, Utc};
 use order_expiry_testkit::{Endpoint, Orders};
 
 use crate::support::{
-    Fault, Outage, ReadyWatch, Subscriber, World, broker_log_count, dead_letter_retry,
-    ensure_ballast, pace, settle,
+    Fault, Outage, ReadyWatch, Subscriber, broker_log_count, dead_letter_retry, ensure_ballast,
+    pace, settle, world,
 };
 
 /// The promise: cancelled within the broker's dead-letter retry and this of
@@ -67,7 +67,7 @@ async fn broker_outage(name: &'static str, fault: Fault, consumer: Consumer, exp
         .await
         .expect("dead-letter retry");
     let bound = retry + AFTER_RETRY;
-    let world = World::new(name).await;
+    let world = world(name).await;
     let endpoint = match expiry {
         Expiry::Sql | Expiry::Event => None,
         Expiry::Http => Some(Endpoint::order_service(Arc::clone(&world.store)).await),

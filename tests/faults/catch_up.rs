@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
 
-use crate::support::{Fault, Outage, World, at_ms, order};
+use crate::support::{Fault, Outage, at_ms, order, world};
 use order_expiry_testkit::busiest_second;
 
 /// The backlog's rate in this scenario.
@@ -17,7 +17,7 @@ const OUTAGE: Duration = Duration::from_secs(10);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_down_orders_due_after_it_come_first_and_the_backlog_at_its_rate() {
-    let world = World::new("database outage, catch-up").await;
+    let world = world("database outage, catch-up").await;
     let rate = RATE.to_string();
     let served = world
         .serve(&[("ORDER_EXPIRY__CONSUMER__CATCH_UP_RATE", rate.as_str())])

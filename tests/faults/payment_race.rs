@@ -9,7 +9,7 @@ use chrono::Utc;
 use rand::Rng;
 use tokio_postgres::NoTls;
 
-use crate::support::{Ledger, World, at_ms, order, settle};
+use crate::support::{Ledger, at_ms, order, settle, world};
 
 const ORDERS: usize = 400;
 const PAYERS: usize = 8;
@@ -26,7 +26,7 @@ const ON_TIME_SHARE: f64 = 0.9;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payments_racing_the_due_time_are_never_cancelled() {
-    let world = World::new("payment race").await;
+    let world = world("payment race").await;
     let served = world.serve(&[]).await;
     served.wait_ready(Duration::from_secs(30)).await;
 

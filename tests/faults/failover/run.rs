@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use tokio_postgres::NoTls;
 
 use super::timeline::{Recovery, Timeline};
-use crate::support::{Figures, Ledger, World, at_ms, order, settle};
+use crate::support::{Figures, Ledger, World, at_ms, order, settle, world_on_database};
 
 /// A scenario: the pair up as `mode` says, a world on it, `serve` with both
 /// hosts in its URL (the sweeper off, as every world's), `/readyz` watched
@@ -32,7 +32,7 @@ impl Scenario {
     pub async fn start(name: &'static str, mode: Replication, env: &[(&str, &str)]) -> Self {
         let pair = pg_pair::lock().await;
         pg_pair::up(mode).await;
-        let world = World::on_database(name, &pg_pair::url()).await;
+        let world = world_on_database(name, &pg_pair::url()).await;
         let served = world.serve(env).await;
         served.wait_ready(Duration::from_secs(30)).await;
         let watch = Some(ReadyWatch::start(&served));

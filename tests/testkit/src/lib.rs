@@ -5,7 +5,9 @@
 //! - [`services`]: where the test broker and database are (environment
 //!   overrides such as `ORDER_EXPIRY_TEST_AMQP_PORT`), and small helpers.
 //! - [`world`]: [`World`]: an isolated topology prefix and PostgreSQL schema,
-//!   the topology declared, settings pointed at them, cleanup.
+//!   the topology declared, settings pointed at them, `serve` with its logs,
+//!   cleanup; what fault tests look at in it (row locks, due messages left,
+//!   queues) is in `inspect`.
 //! - [`consumer`]: [`RunningConsumer`]: the real consumer in-process, observed.
 //! - [`child`]: [`Launch`] / [`Child`]: our binaries as child processes.
 //! - [`served`]: [`Served`]: `order-expiry serve` as a child, its HTTP endpoint.
@@ -35,6 +37,7 @@ pub mod child;
 pub mod cluster;
 pub mod consumer;
 pub mod endpoint;
+mod inspect;
 pub mod ledger;
 pub mod pg_pair;
 pub mod procfs;
@@ -49,6 +52,7 @@ pub use self::broker::{BrokerVersion, announced_version, broker_version};
 pub use self::child::{Child, Launch, run_cli, settings_env, succeeded};
 pub use self::consumer::RunningConsumer;
 pub use self::endpoint::{Endpoint, Expiry, Reply, Request, expire_order};
+pub use self::inspect::RowLock;
 pub use self::ledger::{Figures, Ledger, Orders, Pace, Placed, order_service, settle};
 pub use self::proxy::Proxy;
 pub use self::served::{ReadyWatch, Served, http_get, metric_value};

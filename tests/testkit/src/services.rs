@@ -89,7 +89,7 @@ pub fn rabbitmqctl(args: &[&str]) -> String {
     crate::succeeded(format_args!("rabbitmqctl {args:?}"), &out)
 }
 
-fn rabbitmqctl_command() -> Command {
+pub(crate) fn rabbitmqctl_command() -> Command {
     let mut command = Command::new("rabbitmqctl");
     if let Ok(node) = std::env::var("ORDER_EXPIRY_TEST_RABBITMQ_NODE") {
         command.args(["-n", &node]);
