@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use chrono::Utc;
+use order_expiry_testkit::connect_database;
 use rand::Rng;
-use tokio_postgres::NoTls;
 
 use crate::support::{Ledger, at_ms, order, settle, world};
 
@@ -56,8 +56,7 @@ async fn payments_racing_the_due_time_are_never_cancelled() {
             .collect();
         let url = url.clone();
         payers.push(tokio::spawn(async move {
-            let (client, connection) = tokio_postgres::connect(&url, NoTls).await.unwrap();
-            tokio::spawn(connection);
+            let client = connect_database(&url).await.unwrap();
             let pay = client
                 .prepare("UPDATE orders SET status = 'paid', paid_at = now() WHERE id = $1 AND status = 'unpaid'")
                 .await

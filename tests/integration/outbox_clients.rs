@@ -18,11 +18,7 @@ use crate::outbox::{assert_cancelled_on_time, outbox_rows};
 async fn schedule_in_tx_commits_with_the_order_or_not_at_all() {
     let env = World::new().await;
     let scheduler = env.scheduler();
-    let url = env.settings.database.url.expose_secret().to_owned();
-    let (mut db, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .expect("database");
-    tokio::spawn(connection);
+    let mut db = env.connect().await.expect("database");
     let insert = "INSERT INTO orders (id, pay_deadline) VALUES ($1, $2)";
 
     let due_at = at_ms(2500);

@@ -10,7 +10,6 @@
 use std::time::Duration;
 
 use order_expiry_testkit::{World, at_ms};
-use secrecy::ExposeSecret;
 
 use crate::docs::repo_file;
 use crate::outbox::{assert_cancelled_on_time, outbox_rows};
@@ -83,11 +82,7 @@ async fn the_readme_snippets_schedule_orders_cancelled_on_time() {
     let env = World::new().await;
     let mut served = env.serve(&[]).await;
     served.wait_ready(Duration::from_secs(20)).await;
-    let url = env.settings.database.url.expose_secret().to_owned();
-    let (mut db, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .expect("database");
-    tokio::spawn(connection);
+    let mut db = env.connect().await.expect("database");
 
     let sql = code_blocks(&repo_file("README.md"), "sql").remove(0);
     assert!(sql.contains("interval '30 minutes'"), "{sql}");

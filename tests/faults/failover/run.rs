@@ -7,10 +7,9 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, TimeDelta, Utc};
 use order_expiry::{Scheduler, service::PgOrderStore};
 use order_expiry_testkit::pg_pair::{self, PairLock, Replication};
-use order_expiry_testkit::{ReadyWatch, Served};
+use order_expiry_testkit::{ReadyWatch, Served, connect_database};
 use secrecy::ExposeSecret;
 use tokio::task::JoinHandle;
-use tokio_postgres::NoTls;
 
 use super::timeline::{Recovery, Timeline};
 use crate::support::{Figures, Ledger, World, at_ms, order, settle, world_on_database};
@@ -235,8 +234,7 @@ pub async fn pay_for_sure(store: &PgOrderStore, url: &str, id: &str, until: Date
 
 /// The order's status, read on the primary (a connection of its own).
 async fn status(url: &str, id: &str) -> Option<String> {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await.ok()?;
-    tokio::spawn(connection);
+    let client = connect_database(url).await.ok()?;
     let row = client
         .query_one("SELECT status FROM orders WHERE id = $1", &[&id])
         .await

@@ -57,8 +57,8 @@ pub use self::ledger::{Figures, Ledger, Orders, Pace, Placed, order_service, set
 pub use self::proxy::Proxy;
 pub use self::served::{ReadyWatch, Served, http_get, metric_value};
 pub use self::services::{
-    MovableClock, amqp_port, amqp_url, amqp_url_on, at_ms, blue_amqp_port, database, database_url,
-    free_port, rabbitmqctl, skewed_clock, vhost, with_search_path,
+    MovableClock, amqp_port, amqp_url, amqp_url_on, at_ms, blue_amqp_port, connect_database,
+    database, database_url, free_port, rabbitmqctl, skewed_clock, vhost, with_search_path,
 };
 pub use self::subscriber::{Received, Subscriber};
 pub use self::tls_front::TlsFront;

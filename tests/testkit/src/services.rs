@@ -105,6 +105,14 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A new connection to the database of `url` (`postgres://…` or
+/// `host=… dbname=…`), its driver task spawned.
+pub async fn connect_database(url: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
 /// `ms` milliseconds from now (negative: ago).
 pub fn at_ms(ms: i64) -> DateTime<Utc> {
     Utc::now() + TimeDelta::milliseconds(ms)
@@ -132,13 +140,9 @@ pub(crate) async fn ensure_test_vhost_and_database() {
                 ".*",
             ]);
         }
-        let (client, connection) = tokio_postgres::connect(
-            "host=127.0.0.1 user=postgres dbname=postgres",
-            tokio_postgres::NoTls,
-        )
-        .await
-        .expect("PostgreSQL on 127.0.0.1:5432 as postgres");
-        tokio::spawn(connection);
+        let client = connect_database("host=127.0.0.1 user=postgres dbname=postgres")
+            .await
+            .expect("PostgreSQL on 127.0.0.1:5432 as postgres");
         let _ = client
             .batch_execute(&format!("CREATE DATABASE {}", database()))
             .await;

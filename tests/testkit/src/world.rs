@@ -423,10 +423,7 @@ impl World {
     /// A new connection to the world's database (with several hosts, the
     /// one that takes writes), its schema first on the search path.
     pub async fn connect(&self) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-        let url = self.settings.database.url.expose_secret();
-        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-        tokio::spawn(connection);
-        Ok(client)
+        services::connect_database(self.settings.database.url.expose_secret()).await
     }
 
     async fn orders_where(&self, filter: &str, value: &str) -> HashMap<String, OrderRow> {
