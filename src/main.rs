@@ -27,7 +27,7 @@ async fn main() -> ExitCode {
 async fn run() -> anyhow::Result<ExitCode> {
     let args = cli::Cli::parse();
     let settings = Settings::load(args.config.as_deref()).context("loading settings")?;
-    let format = args.log_format.map_or(settings.log.format, Into::into);
+    let format = args.log_format.unwrap_or(settings.log.format);
     // A one-shot command reports a broker refusal itself, on one line; lapin's
     // own ERROR for the channel the broker closed would say it a second time.
     let filter = if args.command.reports_broker_errors() {

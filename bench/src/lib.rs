@@ -28,6 +28,7 @@
 #![warn(missing_debug_implementations, unreachable_pub, missing_docs)]
 
 pub mod cancel;
+mod cdf;
 pub mod check;
 pub mod flash;
 pub mod goals;

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use order_expiry::{Settings, settings::LogFormat};
 use order_expiry_bench::{GoalsMissed, cancel, check, flash, lateness, outbox, soak, throughput};
 
@@ -28,19 +28,10 @@ struct Cli {
     config: Option<PathBuf>,
     /// Log format (overrides log.format).
     #[arg(long, global = true, value_enum)]
-    log_format: Option<LogFormatArg>,
+    log_format: Option<LogFormat>,
     /// Which benchmark.
     #[command(subcommand)]
     command: Command,
-}
-
-/// `--log-format`, as in `order-expiry`.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum LogFormatArg {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
 }
 
 /// The benchmarks.
@@ -79,11 +70,7 @@ async fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let settings = Settings::load(cli.config.as_deref()).context("loading settings")?;
-    let format = match cli.log_format {
-        Some(LogFormatArg::Text) => LogFormat::Text,
-        Some(LogFormatArg::Json) => LogFormat::Json,
-        None => settings.log.format,
-    };
+    let format = cli.log_format.unwrap_or(settings.log.format);
     order_expiry::telemetry::init_tracing(format, &settings.log.filter);
     match cli.command {
         Command::Lateness(args) => lateness::run(&settings, &args).await,

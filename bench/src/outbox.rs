@@ -21,7 +21,7 @@ use anyhow::Context;
 use chrono::{DateTime, TimeDelta, Utc};
 use clap::Args;
 use order_expiry::{Settings, service::Readiness, service::Relay, service::Relayed};
-use order_expiry_testkit::World;
+use order_expiry_testkit::{World, connect_database};
 use secrecy::ExposeSecret;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -289,10 +289,7 @@ async fn write_orders(
 ) -> anyhow::Result<Vec<(String, DateTime<Utc>)>> {
     let due_in = TimeDelta::from_std(due_in)?;
     let url = settings.database.url.expose_secret();
-    let (mut db, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .context("writer connection")?;
-    tokio::spawn(connection);
+    let mut db = connect_database(url).await.context("writer connection")?;
     let order = db
         .prepare("INSERT INTO orders (id, pay_deadline) VALUES ($1, $2)")
         .await?;
@@ -317,10 +314,9 @@ async fn write_orders(
 /// The outbox's rows, every second, until `stop` (or the run and a minute).
 async fn count_pending(settings: Settings, run: Duration, stop: CancellationToken) -> Vec<i64> {
     let url = settings.database.url.expose_secret().to_owned();
-    let Ok((db, connection)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await else {
+    let Ok(db) = connect_database(&url).await else {
         return Vec::new();
     };
-    tokio::spawn(connection);
     let mut counts = Vec::new();
     let mut ticks = tokio::time::interval(Duration::from_secs(1));
     let until = Instant::now() + run + Duration::from_secs(60);

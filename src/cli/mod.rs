@@ -22,7 +22,7 @@ mod topology;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use order_expiry::{Settings, settings::LogFormat};
 
 /// Cancel unpaid orders on time with a RabbitMQ delay ladder.
@@ -35,28 +35,10 @@ pub(crate) struct Cli {
     pub(crate) config: Option<PathBuf>,
     /// Log format (overrides log.format).
     #[arg(long, global = true, value_enum)]
-    pub(crate) log_format: Option<LogFormatArg>,
+    pub(crate) log_format: Option<LogFormat>,
     /// What to do.
     #[command(subcommand)]
     pub(crate) command: Command,
-}
-
-/// `--log-format`: the library's [`LogFormat`] as a command-line value.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub(crate) enum LogFormatArg {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
-
-impl From<LogFormatArg> for LogFormat {
-    fn from(arg: LogFormatArg) -> Self {
-        match arg {
-            LogFormatArg::Text => Self::Text,
-            LogFormatArg::Json => Self::Json,
-        }
-    }
 }
 
 /// The commands of the public contract.

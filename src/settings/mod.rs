@@ -348,8 +348,10 @@ pub struct ClockSettings {
     pub warn_offset: Duration,
 }
 
-/// Log output.
+/// Log output; also the value of the binaries' `--log-format` (the
+/// `service` feature).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "service", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// Human-readable lines.

@@ -27,10 +27,9 @@ use std::time::{Duration, Instant};
 
 use chrono::{TimeDelta, Utc};
 use order_expiry_testkit::{Endpoint, Served};
-use tokio_util::sync::CancellationToken;
 
 use crate::support::{
-    ClusterWorld, Figures, NodesBack, kill, order_service, pause, resume, rows, start,
+    ClusterWorld, Figures, NodesBack, kill, orders_on, pause, resume, rows, start,
 };
 
 /// A killed node: every order cancelled within this of its due time. The
@@ -49,9 +48,6 @@ pub(crate) const HUNG: Duration = Duration::from_secs(30);
 
 /// How long the fault lasts before the node is back (unless it never is).
 const DOWN: Duration = Duration::from_secs(60);
-
-/// The publishers' confirm timeout.
-const CONFIRM_TIMEOUT: Duration = Duration::from_secs(3);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Gone {
@@ -117,14 +113,7 @@ pub(crate) async fn from_due(name: &'static str, fault: Gone, http: bool, bound:
     for served in &serves {
         served.wait_ready(Duration::from_secs(30)).await;
     }
-    let scheduler = Arc::new(world.scheduler_on(publisher, CONFIRM_TIMEOUT));
-    let stop_orders = CancellationToken::new();
-    let orders = tokio::spawn(order_service(
-        Arc::clone(&world.store),
-        Arc::clone(&scheduler),
-        Duration::from_millis(20),
-        stop_orders.clone(),
-    ));
+    let orders = orders_on(&world, publisher);
     tokio::time::sleep(Duration::from_secs(5)).await;
     let (fault_at, fault_wall) = (Instant::now(), Utc::now());
     match fault {
@@ -132,8 +121,7 @@ pub(crate) async fn from_due(name: &'static str, fault: Gone, http: bool, bound:
         Gone::Hung => pause(busiest).await,
     }
     tokio::time::sleep(Duration::from_secs(20)).await;
-    stop_orders.cancel();
-    let ledger = orders.await.expect("order service");
+    let ledger = orders.stop().await;
     let during = world.leaders(".ladder.").await;
     let last_due = ledger
         .orders
@@ -158,13 +146,9 @@ pub(crate) async fn from_due(name: &'static str, fault: Gone, http: bool, bound:
             }
             back = Some(fault_at.elapsed());
         }
-        // Measured from due: "recovered" lies before every due time.
-        let figures = Figures::audit(
-            &ledger,
-            &rows(&world).await,
-            fault_wall - TimeDelta::days(1),
-        );
-        let settled = figures.cancelled + figures.paid == figures.scheduled;
+        // Measured from due: no recovery time.
+        let figures = Figures::audit(&ledger, &rows(&world).await, None);
+        let settled = figures.settled();
         // A fault that ends lasts its whole DOWN, settled or not.
         let over = back.is_some() || fault == Gone::KilledForGood;
         if (Utc::now() > last_due && settled && over) || Utc::now() > deadline {
@@ -187,15 +171,7 @@ pub(crate) async fn from_due(name: &'static str, fault: Gone, http: bool, bound:
             if http { "http" } else { "sql" },
         ),
     );
-    assert!(
-        figures.lost == 0 && figures.early == 0 && figures.wrongly_cancelled == 0,
-        "invariants broken: {figures:?}"
-    );
-    assert_eq!(
-        figures.cancelled + figures.paid,
-        figures.scheduled,
-        "{figures:?}"
-    );
+    figures.assert_invariants();
     assert!(
         figures.max_lateness <= bound,
         "an order was cancelled {:?} after its due time, beyond {bound:?} ({held}): {figures:?}",

@@ -12,16 +12,14 @@
 //! could not tell a message the cluster lost from one it delivered. Off, every
 //! cancel is a message the ladder delivered: nothing confirmed was lost.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use order_expiry::ScheduleError;
 use order_expiry_testkit::{Served, at_ms};
-use tokio_util::sync::CancellationToken;
 
 use crate::minority::{Minority, READY_BOUND};
-use crate::support::{ClusterWorld, NodesBack, order_service, settle, start, stop};
+use crate::support::{CONFIRM_TIMEOUT, ClusterWorld, NodesBack, orders_on, settle, start, stop};
 
 /// With a majority left the cluster never stops serving: every order is
 /// cancelled within this of its due time, the project's restart bound
@@ -35,9 +33,6 @@ const BOUND: Duration = Duration::from_secs(10);
 /// 3 s before node 2's start returns): 16.8 s on a shared machine; from the
 /// start's return, as before, it read 8.5 s.
 const MAJORITY_BOUND: Duration = Duration::from_secs(30);
-
-/// The publishers' confirm timeout.
-const CONFIRM_TIMEOUT: Duration = Duration::from_secs(3);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Fault {
@@ -98,14 +93,7 @@ pub(crate) async fn scenario(name: &'static str, fault: Fault, bound: Duration) 
     for served in &serves {
         served.wait_ready(Duration::from_secs(30)).await;
     }
-    let scheduler = Arc::new(world.scheduler_on(3, CONFIRM_TIMEOUT));
-    let stop_orders = CancellationToken::new();
-    let orders = tokio::spawn(order_service(
-        Arc::clone(&world.store),
-        Arc::clone(&scheduler),
-        Duration::from_millis(20),
-        stop_orders.clone(),
-    ));
+    let orders = orders_on(&world, 3);
     tokio::time::sleep(Duration::from_secs(5)).await;
     let fault_at = Instant::now();
     let done = match fault {
@@ -113,8 +101,7 @@ pub(crate) async fn scenario(name: &'static str, fault: Fault, bound: Duration) 
         Fault::MajorityLost => majority_lost(&world).await,
     };
     tokio::time::sleep(Duration::from_secs(3)).await;
-    stop_orders.cancel();
-    let ledger = orders.await.expect("order service");
+    let ledger = orders.stop().await;
     // The majority may be back before `start` returns (it also waits for the
     // node to join and settle): recovery is the first confirm after the loss
     // when that came earlier, so lateness after recovery is not understated.

@@ -24,13 +24,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
-use tokio_util::sync::CancellationToken;
 
-use order_expiry_testkit::Endpoint;
+use order_expiry_testkit::{Endpoint, Orders};
 
 use crate::support::{
-    Fault, Outage, ReadyWatch, Subscriber, World, broker_log_count, dead_letter_retry,
-    ensure_ballast, order_service, settle,
+    Fault, Outage, ReadyWatch, Subscriber, broker_log_count, dead_letter_retry, ensure_ballast,
+    pace, settle, world,
 };
 
 /// The promise: cancelled within the broker's dead-letter retry and this of
@@ -68,7 +67,7 @@ async fn broker_outage(name: &'static str, fault: Fault, consumer: Consumer, exp
         .await
         .expect("dead-letter retry");
     let bound = retry + AFTER_RETRY;
-    let world = World::new(name).await;
+    let world = world(name).await;
     let endpoint = match expiry {
         Expiry::Sql | Expiry::Event => None,
         Expiry::Http => Some(Endpoint::order_service(Arc::clone(&world.store)).await),
@@ -94,14 +93,8 @@ async fn broker_outage(name: &'static str, fault: Fault, consumer: Consumer, exp
     let mut served = world.serve(&env).await;
     served.wait_ready(Duration::from_secs(30)).await;
     let mut watch = Some(ReadyWatch::start(&served));
-    let scheduler = Arc::new(world.scheduler());
-    let stop_orders = CancellationToken::new();
-    let orders = tokio::spawn(order_service(
-        Arc::clone(&world.store),
-        Arc::clone(&scheduler),
-        Duration::from_millis(20),
-        stop_orders.clone(),
-    ));
+    let pace = pace(Duration::from_millis(20));
+    let orders = Orders::start(Arc::clone(&world.store), world.scheduler(), pace);
 
     // Orders flow, some through the ladder, some already due and being cancelled.
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -147,8 +140,7 @@ async fn broker_outage(name: &'static str, fault: Fault, consumer: Consumer, exp
 
     // Keep placing orders for a while on the recovered broker, then let all come due.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    stop_orders.cancel();
-    let ledger = orders.await.expect("order service");
+    let ledger = orders.stop().await;
     // Past the bound the test fails anyway.
     let figures = settle(&world, &ledger, bound + Duration::from_secs(5)).await;
     let drained_at = Instant::now();
@@ -194,7 +186,7 @@ async fn broker_outage(name: &'static str, fault: Fault, consumer: Consumer, exp
             late.max.as_millis(),
             bound.as_secs(),
             late.beyond_bound,
-            ledger.schedule_errors,
+            ledger.schedule_errors(),
             (back_at - broken_at).as_secs_f64(),
             (ready_at - back_at).as_secs_f64(),
             (drained_at - back_at).as_secs_f64(),
@@ -218,7 +210,6 @@ async fn broker_outage(name: &'static str, fault: Fault, consumer: Consumer, exp
     if consumer == Consumer::KeptRunning {
         assert!(reconnects >= 1.0, "the consumer never reconnected");
     }
-    scheduler.close().await;
     drop(watch);
     drop(served);
     drop(endpoint);

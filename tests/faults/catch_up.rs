@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
 
-use crate::support::{Fault, Outage, World, at_ms, order};
+use crate::support::{Fault, Outage, at_ms, order, world};
+use order_expiry_testkit::busiest_second;
 
 /// The backlog's rate in this scenario.
 const RATE: usize = 100;
@@ -16,7 +17,7 @@ const OUTAGE: Duration = Duration::from_secs(10);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_down_orders_due_after_it_come_first_and_the_backlog_at_its_rate() {
-    let world = World::new("database outage, catch-up").await;
+    let world = world("database outage, catch-up").await;
     let rate = RATE.to_string();
     let served = world
         .serve(&[("ORDER_EXPIRY__CONSUMER__CATCH_UP_RATE", rate.as_str())])
@@ -89,7 +90,7 @@ async fn database_down_orders_due_after_it_come_first_and_the_backlog_at_its_rat
     after.sort();
     backlog.sort();
     let drained = (backlog[backlog.len() - 1] - backlog[0]).num_milliseconds() as f64 / 1e3;
-    let busiest = busiest_second(&backlog);
+    let busiest = busiest_second(&mut backlog);
     // The drain: from the first order out of the catch-up lane to the last.
     let first = samples.iter().find(|(_, n)| *n > 0.0).map(|(at, _)| *at);
     let last = samples
@@ -131,17 +132,4 @@ async fn database_down_orders_due_after_it_come_first_and_the_backlog_at_its_rat
     scheduler.close().await;
     drop(served);
     world.cleanup().await;
-}
-
-/// Of sorted `times`, the most within any one second.
-fn busiest_second(times: &[DateTime<Utc>]) -> usize {
-    let mut most = 0;
-    let mut start = 0;
-    for end in 0..times.len() {
-        while times[end] - times[start] >= TimeDelta::seconds(1) {
-            start += 1;
-        }
-        most = most.max(end - start + 1);
-    }
-    most
 }

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::{Ledger, WAITING_CANCEL, World, at_ms, messages, order, settle};
+use crate::support::{Ledger, WAITING_CANCEL, World, at_ms, messages, order, settle, world};
 
 /// Orders early enough to be held unacked until due when the consumer dies.
 const HELD: usize = 300;
@@ -58,7 +58,7 @@ async fn killed_holding(bundled: bool) {
         false => "consumer kill -9",
         true => "consumer kill -9, bundles",
     };
-    let world = World::new(name).await;
+    let world = world(name).await;
     // Its cancel must block on the locked rows: the statement that waits.
     let mut first = world.serve(&WAITING_CANCEL).await;
     first.wait_ready(Duration::from_secs(30)).await;
@@ -129,10 +129,7 @@ async fn killed_holding(bundled: bool) {
     let second_started_at = chrono::Utc::now();
     let mut second = world.serve(&[]).await;
     let started = Instant::now();
-    let mut ledger = Ledger::default();
-    for (id, due) in held.iter().chain(&in_flight).chain(&ladder) {
-        ledger.add(id, *due, true, false);
-    }
+    let ledger = Ledger::scheduled(held.iter().chain(&in_flight).chain(&ladder));
     let figures = settle(&world, &ledger, Duration::from_secs(30)).await;
     let settled = started.elapsed();
     figures.assert_invariants();
@@ -208,7 +205,7 @@ const SETTLED: usize = 20;
 /// parked copy. Only the bundle whose pass was in flight is called again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_repeats_only_the_pass_in_flight() {
-    let world = World::new("serve kill -9, passes").await;
+    let world = world("serve kill -9, passes").await;
     let service = order_expiry_testkit::Endpoint::order_service(world.store.clone()).await;
     let base_url = service.base_url();
     let env = [

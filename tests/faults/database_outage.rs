@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::{Fault, Ledger, Outage, ReadyWatch, World, at_ms, order, settle};
+use crate::support::{Fault, Ledger, Outage, ReadyWatch, at_ms, order, settle, world};
 
 const ORDERS: usize = 400;
 const OUTAGE: Duration = Duration::from_secs(10);
@@ -14,7 +14,7 @@ const MAX_CPU_SECONDS: f64 = 0.5;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_down_for_ten_seconds_backs_off_and_loses_nothing() {
-    let world = World::new("database outage").await;
+    let world = world("database outage").await;
     let mut served = world.serve(&[]).await;
     served.wait_ready(Duration::from_secs(30)).await;
     let watch = ReadyWatch::start(&served);

@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use crate::support::{Ledger, WAITING_CANCEL, World, at_ms, messages, order, settle};
+use crate::support::{Ledger, WAITING_CANCEL, at_ms, messages, order, settle, world};
 use chrono::Utc;
 
 /// Due at once, published in bursts while the consumer works through them.
@@ -18,7 +18,7 @@ const DRAIN_TIMEOUT_MS: u64 = 10_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_load_exits_zero_and_hands_back_what_it_did_not_finish() {
-    let world = World::new("graceful shutdown").await;
+    let world = world("graceful shutdown").await;
     let drain = DRAIN_TIMEOUT_MS.to_string();
     let env = [("ORDER_EXPIRY__CONSUMER__DRAIN_TIMEOUT_MS", drain.as_str())];
     let mut first = world.serve(&env).await;
@@ -118,10 +118,7 @@ async fn sigterm_under_load_exits_zero_and_hands_back_what_it_did_not_finish() {
 
     // The next consumer finishes the job.
     let second = world.serve(&env).await;
-    let mut ledger = Ledger::default();
-    for (id, at) in held.iter().chain(&due) {
-        ledger.add(id, *at, true, false);
-    }
+    let ledger = Ledger::scheduled(held.iter().chain(&due));
     let figures = settle(&world, &ledger, Duration::from_secs(30)).await;
     figures.assert_invariants();
     second.assert_nothing_swept().await;
@@ -150,7 +147,7 @@ const STUCK: usize = 100;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_cancels_stuck_in_the_database_exits_at_the_drain_timeout() {
-    let world = World::new("shutdown with stuck cancels").await;
+    let world = world("shutdown with stuck cancels").await;
     let drain = SHORT_DRAIN_MS.to_string();
     let env = [("ORDER_EXPIRY__CONSUMER__DRAIN_TIMEOUT_MS", drain.as_str())];
     // Its cancels must block on the locked rows: the statement that waits.
@@ -198,10 +195,7 @@ async fn sigterm_with_cancels_stuck_in_the_database_exits_at_the_drain_timeout()
     // consumer finds those orders already cancelled and only acks them.
     lock.release().await;
     let second = world.serve(&env).await;
-    let mut ledger = Ledger::default();
-    for (id, at) in &stuck {
-        ledger.add(id, *at, true, false);
-    }
+    let ledger = Ledger::scheduled(&stuck);
     let figures = settle(&world, &ledger, Duration::from_secs(30)).await;
     figures.assert_invariants();
     second.assert_nothing_swept().await;

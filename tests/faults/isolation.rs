@@ -12,7 +12,7 @@ use chrono::Utc;
 use order_expiry_testkit::Proxy;
 use secrecy::ExposeSecret;
 
-use crate::support::{Ledger, ReadyWatch, World, at_ms, dead_letter_retry, order, settle};
+use crate::support::{Ledger, ReadyWatch, at_ms, dead_letter_retry, order, settle, world};
 
 /// Lateness bound for the orders that share nothing with the fault.
 const MAX_LATENESS: Duration = Duration::from_secs(1);
@@ -24,7 +24,7 @@ async fn one_order_locked_for_thirty_seconds_holds_up_no_other() {
     // The locked order is retried alone at most every consumer.retry_max_ms
     // (1 s here) while its row is locked.
     const AFTER_RELEASE: Duration = Duration::from_millis(2500);
-    let world = World::new("row lock").await;
+    let world = world("row lock").await;
     let served = world
         .serve(&[("ORDER_EXPIRY__CONSUMER__RETRY_MAX_MS", "1000")])
         .await;
@@ -43,10 +43,7 @@ async fn one_order_locked_for_thirty_seconds_holds_up_no_other() {
         .schedule_many(orders.iter().map(|(id, due)| (id.clone(), *due)))
         .await;
     assert!(scheduled.iter().all(Result::is_ok), "all scheduled");
-    let mut others = Ledger::default();
-    for (id, due) in orders.iter().filter(|(id, _)| id != locked) {
-        others.add(id, *due, true, false);
-    }
+    let others = Ledger::scheduled(orders.iter().filter(|(id, _)| id != locked));
     let figures = settle(&world, &others, Duration::from_secs(20)).await;
     figures.assert_invariants();
     served.assert_nothing_swept().await;
@@ -108,7 +105,7 @@ async fn a_silent_database_for_a_minute_loses_nothing_and_does_not_spin() {
     const SETTLED_WITHIN: Duration = Duration::from_secs(10);
     /// A busy loop would use the whole minute.
     const MAX_CPU_SECONDS: f64 = 3.0;
-    let world = World::new("database blackhole").await;
+    let world = world("database blackhole").await;
     let proxy = Proxy::start(([127, 0, 0, 1], 5432).into()).await;
     let url = world
         .settings
@@ -129,16 +126,8 @@ async fn a_silent_database_for_a_minute_loses_nothing_and_does_not_spin() {
     let orders: Vec<_> = (0..ORDERS)
         .map(|i| order(format!("bh-{i}"), at_ms(2000 + i as i64 * 100)))
         .collect();
-    world.create_orders(&orders).await;
     let scheduler = world.scheduler();
-    let scheduled = scheduler
-        .schedule_many(orders.iter().map(|(id, due)| (id.clone(), *due)))
-        .await;
-    let mut ledger = Ledger::default();
-    for (i, ((id, due), ok)) in orders.iter().zip(&scheduled).enumerate() {
-        let paid = i % 4 == 0 && world.store.pay(id).await.expect("pay");
-        ledger.add(id, *due, ok.is_ok(), paid);
-    }
+    let ledger = Ledger::place(&world, &scheduler, &orders, 4).await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
 
     proxy.blackhole();
@@ -224,7 +213,7 @@ async fn a_deleted_due_queue_is_declared_again_and_nothing_is_lost() {
         .await
         .expect("dead-letter retry");
     let bound = retry + AFTER_RETRY;
-    let world = World::new("due queue deleted").await;
+    let world = world("due queue deleted").await;
     let served = world
         .serve(&[
             ("ORDER_EXPIRY__SWEEPER__ENABLED", "true"),
@@ -243,16 +232,8 @@ async fn a_deleted_due_queue_is_declared_again_and_nothing_is_lost() {
     let orders: Vec<_> = (0..ORDERS)
         .map(|i| order(format!("dq-{i}"), at_ms(2000 + i as i64 * 30)))
         .collect();
-    world.create_orders(&orders).await;
     let scheduler = world.scheduler();
-    let scheduled = scheduler
-        .schedule_many(orders.iter().map(|(id, due)| (id.clone(), *due)))
-        .await;
-    let mut ledger = Ledger::default();
-    for (i, ((id, due), ok)) in orders.iter().zip(&scheduled).enumerate() {
-        let paid = i % 4 == 0 && world.store.pay(id).await.expect("pay");
-        ledger.add(id, *due, ok.is_ok(), paid);
-    }
+    let ledger = Ledger::place(&world, &scheduler, &orders, 4).await;
     tokio::time::sleep(Duration::from_millis(4000)).await;
     let due_queue = world.ladder().due_queue();
     world

@@ -6,10 +6,10 @@
 use std::time::Duration;
 
 use chrono::Utc;
+use order_expiry_testkit::connect_database;
 use rand::Rng;
-use tokio_postgres::NoTls;
 
-use crate::support::{Ledger, World, at_ms, order, settle};
+use crate::support::{Ledger, at_ms, order, settle, world};
 
 const ORDERS: usize = 400;
 const PAYERS: usize = 8;
@@ -26,7 +26,7 @@ const ON_TIME_SHARE: f64 = 0.9;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payments_racing_the_due_time_are_never_cancelled() {
-    let world = World::new("payment race").await;
+    let world = world("payment race").await;
     let served = world.serve(&[]).await;
     served.wait_ready(Duration::from_secs(30)).await;
 
@@ -56,8 +56,7 @@ async fn payments_racing_the_due_time_are_never_cancelled() {
             .collect();
         let url = url.clone();
         payers.push(tokio::spawn(async move {
-            let (client, connection) = tokio_postgres::connect(&url, NoTls).await.unwrap();
-            tokio::spawn(connection);
+            let client = connect_database(&url).await.unwrap();
             let pay = client
                 .prepare("UPDATE orders SET status = 'paid', paid_at = now() WHERE id = $1 AND status = 'unpaid'")
                 .await

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use chrono::Utc;
 use lapin::options::{
-    BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
+    BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use order_expiry::{Scheduler, service::Outcome, settings::ActionKind};
@@ -246,16 +246,7 @@ async fn the_event_action_acks_only_after_a_routed_confirmed_event() {
         )
         .await
         .unwrap();
-    channel
-        .queue_bind(
-            queue.as_str().into(),
-            exchange.as_str().into(),
-            "order.expired".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    env.bind(&queue, &exchange, "order.expired").await;
     let handled = consumer.next_n(2, Duration::from_secs(15)).await;
     assert!(
         handled.iter().all(|h| h.outcome == Outcome::Cancelled),

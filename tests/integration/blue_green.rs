@@ -9,15 +9,14 @@
 //! up to it), the parked messages in green's parked queue with their reasons,
 //! and every order due during the move cancelled within [`LATE_BOUND`].
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
 use lapin::BasicProperties;
 use order_expiry::Settings;
 use order_expiry_testkit::{
-    Launch, OrderRow, Served, World, amqp_port, amqp_url, blue_amqp_port, number_after,
-    number_before,
+    OrderRow, Served, World, amqp_port, amqp_url, blue_amqp_port, number_after, number_before,
+    run_cli,
 };
 use rand::Rng;
 
@@ -29,36 +28,15 @@ const POISON: usize = 3;
 /// then (it went straight to the due queue): holds on a busy 2-core machine
 /// running both brokers.
 const LATE_BOUND: Duration = Duration::from_secs(5);
-const BINARY: &str = env!("CARGO_BIN_EXE_order-expiry");
 
-/// `order-expiry ladder migrate ARGS` with `settings` (green's); (exit code,
-/// stdout and stderr).
-async fn migrate(settings: &Settings, args: &[&str], log: &str) -> (bool, String) {
-    let log = std::env::temp_dir().join(format!("order-expiry-bg-migrate-{log}.log"));
-    let mut child = Launch::new(BINARY, log)
-        .args(["ladder", "migrate"])
-        .args(args.iter().copied())
-        .settings(settings)
-        .stdout()
-        .spawn()
-        .expect("the binary runs");
-    let mut lines = child.stdout_lines().expect("piped stdout");
-    let mut stdout = String::new();
-    let reading = async {
-        while let Ok(Some(line)) = lines.next_line().await {
-            stdout.push_str(&line);
-            stdout.push('\n');
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(300), reading)
-        .await
-        .expect("migrate ends within 5 min");
-    let status = child.wait_exit(Duration::from_secs(30)).await;
-    let ok = status.is_some_and(|s| s.success());
-    (ok, format!("{stdout}{}", child.log_tail(20)))
+/// `order-expiry ladder migrate ARGS` with `settings` (green's): whether it
+/// succeeded, and its stdout and stderr.
+async fn migrate(settings: &Settings, args: &[&str]) -> (bool, String) {
+    let out = run_cli(settings, &[&["ladder", "migrate"][..], args].concat(), &[]).await;
+    let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text.into_owned())
 }
 
-/// How late `order` was cancelled (zero if it was not).
 /// How late `order` was cancelled: after its deadline, or after `scheduled`
 /// (the end of scheduling) if it was due by then. On a busy machine the test
 /// schedules 5,000 orders in up to 7 s and the first fall due 2 s in, so an
@@ -112,15 +90,16 @@ async fn a_blue_green_broker_move_loses_nothing_and_cancels_each_order_once() {
         .expect("a world on the blue broker (its test vhost made?)");
     // Green: the same prefix, levels and database on the test's broker;
     // green's world only removes that topology at cleanup.
-    let green_world = World::builder()
+    let mut green = World::builder()
         .kind("bg")
         .declare(false)
         .build()
         .await
         .expect("a world on the green broker");
-    let mut green = blue.settings.clone();
-    green.amqp.url = amqp_url().into();
-    green_world.declare(&green).await.expect("green topology");
+    green.settings = blue.settings.clone();
+    green.settings.amqp.url = amqp_url().into();
+    let settings = green.settings.clone();
+    green.declare(&settings).await.expect("green topology");
 
     // Orders due 2-60 s from now (the move starts a few seconds in, and some
     // fall due during it): every 10th paid, every 10th (another) extended.
@@ -138,14 +117,7 @@ async fn a_blue_green_broker_move_loses_nothing_and_cancels_each_order_once() {
         blue.publish_due(body.as_bytes(), BasicProperties::default())
             .await;
     }
-    let logs = std::env::temp_dir();
-    let blue_serve = Served::start(
-        Path::new(BINARY),
-        &blue.settings,
-        &[],
-        logs.join(format!("order-expiry-bg-blue-{}.log", blue.id)),
-    )
-    .await;
+    let blue_serve = blue.serve(&[]).await;
     blue_serve.wait_ready(Duration::from_secs(30)).await;
     // Most orders one message each, the rest in bundles: both move.
     let single = blue.scheduler().with_bundle_max_orders(1);
@@ -178,25 +150,19 @@ async fn a_blue_green_broker_move_loses_nothing_and_cancels_each_order_once() {
         .await
         .unwrap();
 
-    let green_serve = Served::start(
-        Path::new(BINARY),
-        &green,
-        &[],
-        logs.join(format!("order-expiry-bg-green-{}.log", blue.id)),
-    )
-    .await;
+    let green_serve = green.serve(&[]).await;
     green_serve.wait_ready(Duration::from_secs(30)).await;
     let blue_url = blue.settings.amqp.url.clone();
     let blue_url = secrecy::ExposeSecret::expose_secret(&blue_url).to_owned();
     // The same prefix on the same broker is refused (asked of the brokers).
     let green_url = amqp_url();
-    let (ok, out) = migrate(&green, &["--from-url", &green_url], "same").await;
+    let (ok, out) = migrate(&green.settings, &["--from-url", &green_url]).await;
     assert!(
         !ok && out.contains("the old ladder is the current one"),
         "{out}"
     );
 
-    let dry = migrate(&green, &["--from-url", &blue_url, "--dry-run"], "dry").await;
+    let dry = migrate(&green.settings, &["--from-url", &blue_url, "--dry-run"]).await;
     assert!(
         dry.0 && dry.1.contains("dry run: nothing moved"),
         "{}",
@@ -205,7 +171,7 @@ async fn a_blue_green_broker_move_loses_nothing_and_cancels_each_order_once() {
     assert!(dry.1.contains("on amqp://guest:***@"), "{}", dry.1);
     let found = number_before(&dry.1, " messages");
     let started = Utc::now();
-    let (ok, out) = migrate(&green, &["--from-url", &blue_url], "move").await;
+    let (ok, out) = migrate(&green.settings, &["--from-url", &blue_url]).await;
     let ended = Utc::now();
     assert!(ok, "{out}");
     eprintln!("{out}");
@@ -220,19 +186,12 @@ async fn a_blue_green_broker_move_loses_nothing_and_cancels_each_order_once() {
     blue_serve.assert_nothing_swept().await;
     stop(blue_serve).await;
     // Blue drained (what its serve released) and retired.
-    let (ok, out) = migrate(&green, &["--from-url", &blue_url, "--delete-old"], "drain").await;
+    let (ok, out) = migrate(&green.settings, &["--from-url", &blue_url, "--delete-old"]).await;
     assert!(ok && out.contains("deleted"), "{out}");
     let ladder = blue.ladder();
     for queue in [ladder.due_queue(), ladder.level_name(0)] {
-        let passive = lapin::options::QueueDeclareOptions {
-            passive: true,
-            ..Default::default()
-        };
-        let channel = blue.open_channel().await;
-        let left = channel
-            .queue_declare(queue.as_str().into(), passive, Default::default())
-            .await;
-        assert!(left.is_err(), "{queue} is still on blue after the drain");
+        let left = blue.has_queue(&queue).await;
+        assert!(!left, "{queue} is still on blue after the drain");
     }
 
     let unpaid = (ORDERS as u64 - paid - extended) as usize;
@@ -276,7 +235,7 @@ async fn a_blue_green_broker_move_loses_nothing_and_cancels_each_order_once() {
         .unwrap_or_default();
 
     // Green's parked queue holds blue's poison, each with its reason.
-    let parked_queue = green_world_parked(&green_world, &green).await;
+    let parked_queue = parked_with_reason(&green).await;
     eprintln!(
         "FIGURES blue-green move (blue :{blue_port} -> green :{}): {ORDERS} orders ({unpaid} unpaid, {paid} paid, {extended} extended) \
          scheduled in {:.1} s ({overdue} due by then), \
@@ -309,15 +268,15 @@ async fn a_blue_green_broker_move_loses_nothing_and_cancels_each_order_once() {
 
     stop(green_serve).await;
     blue.cleanup().await;
-    green_world.cleanup().await;
+    green.cleanup().await;
 }
 
 /// Takes every message of green's parked queue; how many carry an
 /// `x-parked-reason` that names blue's poison.
-async fn green_world_parked(green_world: &World, green: &Settings) -> usize {
-    let queue = green.ladder().unwrap().parked_queue();
+async fn parked_with_reason(green: &World) -> usize {
+    let queue = green.ladder().parked_queue();
     let mut with_reason = 0;
-    while let Some(got) = green_world.get(&queue).await {
+    while let Some(got) = green.get(&queue).await {
         let headers = got
             .delivery
             .properties

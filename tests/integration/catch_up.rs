@@ -12,7 +12,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use lapin::BasicProperties;
 use order_expiry::Scheduler;
 use order_expiry::settings::ActionKind;
-use order_expiry_testkit::{Endpoint, World, at_ms, bundle, message};
+use order_expiry_testkit::{Endpoint, World, at_ms, bundle, busiest_second, message};
 
 /// What no consumer takes within this moves to the catch-up queue.
 const AFTER: Duration = Duration::from_secs(1);
@@ -24,20 +24,6 @@ const BOUND: TimeDelta = TimeDelta::seconds(1);
 /// saved up, and the rest of one bundle past the rate.
 fn most_in_a_second(rate: usize, bundle: usize) -> usize {
     rate + rate / 10 + bundle
-}
-
-/// Of `times`, the most within any one second.
-fn busiest_second(times: &mut [DateTime<Utc>]) -> usize {
-    times.sort();
-    let mut most = 0;
-    let mut start = 0;
-    for end in 0..times.len() {
-        while times[end] - times[start] >= TimeDelta::seconds(1) {
-            start += 1;
-        }
-        most = most.max(end - start + 1);
-    }
-    most
 }
 
 /// Publishes `n` overdue orders straight into the due queue, in bundles of

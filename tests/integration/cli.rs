@@ -3,11 +3,11 @@
 
 use std::process::Stdio;
 
-use order_expiry_testkit::{World, amqp_url};
+use order_expiry_testkit::{World, amqp_url, succeeded};
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
-fn binary(env: &World) -> Command {
+pub(crate) fn binary(env: &World) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_order-expiry"));
     cmd.env("ORDER_EXPIRY__AMQP__URL", amqp_url())
         .env(
@@ -39,11 +39,7 @@ async fn schedule_stdin_confirms_every_line() {
     cmd.args(["schedule", "--stdin"]);
     let input = "{\"order_id\": \"s-1\", \"delay_ms\": 0}\n\n{\"order_id\": \"s-2\", \"due_at\": \"2020-01-01T00:00:00Z\"}\n";
     let out = run_with_stdin(cmd, input).await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded("order-expiry", &out);
     // Both orders, in one bundle or two messages.
     let mut ids = Vec::new();
     while let Some(message) = env.get(&env.ladder().due_queue()).await {
@@ -74,12 +70,7 @@ async fn schedule_one_order_with_a_delay() {
     let mut cmd = binary(&env);
     cmd.args(["schedule", "--order-id", "one-1", "--delay", "0s"]);
     let out = run_with_stdin(cmd, "").await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("scheduled one-1"));
+    assert!(succeeded("order-expiry schedule", &out).contains("scheduled one-1"));
     assert_eq!(env.depth(&env.ladder().due_queue()).await, 1);
     env.cleanup().await;
 }
@@ -238,10 +229,6 @@ async fn topology_apply_refuses_another_level_count_under_the_same_prefix() {
     let mut cmd = binary(&env);
     cmd.args(["topology", "apply"]);
     let out = run_with_stdin(cmd, "").await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded("order-expiry", &out);
     env.cleanup().await;
 }

@@ -8,7 +8,6 @@
 //! consumer's.
 
 use std::collections::HashSet;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
@@ -66,7 +65,7 @@ async fn a_clock_that_jumps_ahead_unmeasured_is_still_never_early() {
         "ORDER_EXPIRY__CLOCK__PROBE_INTERVAL_MS",
         "600000".to_owned(),
     ));
-    let served = start(&env, &vars, "jump").await;
+    let served = start(&env, &vars).await;
     clock.set(SKEW_S);
     // libfaketime reads its file again within a second.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
@@ -109,7 +108,7 @@ async fn serve_ahead_never_has_an_event_acted_on_early() {
         ),
     ];
     vars.extend(skewed_clock(SKEW_S));
-    let served = start(&env, &vars, "event").await;
+    let served = start(&env, &vars).await;
     let orders = schedule(&env, "event", Carried::Alone).await;
     let rows = wait_settled(&env, &orders).await;
     drop(served);
@@ -165,7 +164,7 @@ async fn http_run(skew_s: i64) {
         ("ORDER_EXPIRY__ACTION__HTTP__BASE_URL", base_url),
     ];
     vars.extend(skewed_clock(skew_s));
-    let served = start(&env, &vars, "http").await;
+    let served = start(&env, &vars).await;
     let orders = schedule(&env, "http", Carried::Alone).await;
     let rows = wait_settled(&env, &orders).await;
     let too_early = service
@@ -196,7 +195,7 @@ async fn http_run(skew_s: i64) {
 async fn sql_run(skew_s: i64, carried: Carried) {
     let env = World::new().await;
     let vars = skewed_clock(skew_s);
-    let served = start(&env, &vars, "sql").await;
+    let served = start(&env, &vars).await;
     let orders = schedule(&env, "sql", carried).await;
     let rows = wait_settled(&env, &orders).await;
     let offset = served
@@ -216,11 +215,9 @@ async fn sql_run(skew_s: i64, carried: Carried) {
 }
 
 /// `serve` for `env` with `vars`, ready.
-async fn start(env: &World, vars: &[(&str, String)], label: &str) -> Served {
+async fn start(env: &World, vars: &[(&str, String)]) -> Served {
     let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let binary = Path::new(env!("CARGO_BIN_EXE_order-expiry"));
-    let log = std::env::temp_dir().join(format!("order-expiry-clock-{label}-{}.log", env.id));
-    let served = Served::start(binary, &env.settings, &vars, log).await;
+    let served = env.serve(&vars).await;
     served.wait_ready(Duration::from_secs(30)).await;
     served
 }

@@ -5,18 +5,13 @@
 //! a `serve` with a writable URL then cancels them all. The real failover (a
 //! primary and its standby) is `tests/faults/failover`.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use order_expiry_testkit::{Served, World, at_ms, database, free_port};
 use secrecy::ExposeSecret;
 
-const BINARY: &str = env!("CARGO_BIN_EXE_order-expiry");
-
-async fn serve(env: &World, name: &str, url: &str) -> Served {
-    let log = std::env::temp_dir().join(format!("order-expiry-hosts-{name}-{}.log", env.id));
-    let env_url = [("ORDER_EXPIRY__DATABASE__URL", url)];
-    Served::start(Path::new(BINARY), &env.settings, &env_url, log).await
+async fn serve(env: &World, url: &str) -> Served {
+    env.serve(&[("ORDER_EXPIRY__DATABASE__URL", url)]).await
 }
 
 /// `n` unpaid orders `<prefix>-<i>` due in 300 ms, created and scheduled.
@@ -58,7 +53,7 @@ async fn a_database_url_whose_first_host_is_dead_cancels_through_the_next() {
         database(),
         env.schema()
     );
-    let served = serve(&env, "dead-first", &url).await;
+    let served = serve(&env, &url).await;
     served.wait_ready(Duration::from_secs(30)).await;
     let ids = due_soon(&env, "h", 10).await;
     assert!(
@@ -82,7 +77,7 @@ async fn a_read_only_database_holds_every_cancel_unparked_until_a_writable_one()
     // primary; without target_session_attrs the connection is taken anyway.
     let writable = env.settings.database.url.expose_secret().to_owned();
     let read_only = format!("{writable}%20-cdefault_transaction_read_only%3Don");
-    let served = serve(&env, "read-only", &read_only).await;
+    let served = serve(&env, &read_only).await;
     let ids = due_soon(&env, "ro", 20).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     while served.metric("order_expiry_retries_total").await < 3.0 {
@@ -114,7 +109,7 @@ async fn a_read_only_database_holds_every_cancel_unparked_until_a_writable_one()
     // Nothing was acked: a writable serve gets every message back.
     let _ = std::fs::remove_file(served.log_path());
     drop(served);
-    let served = serve(&env, "writable", &writable).await;
+    let served = serve(&env, &writable).await;
     assert!(
         all_cancelled(&env, &ids, Duration::from_secs(30)).await,
         "not all cancelled once the database took writes:\n{}",

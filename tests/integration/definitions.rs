@@ -10,20 +10,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lapin::options::{
-    BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
-};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use order_expiry::{
-    Scheduler, Settings, service::Consumer, service::Outcome, service::Readiness, service::Relay,
+    Scheduler, Settings, service::Outcome, service::Readiness, service::Relay,
     topology::CONSUMER_USER, topology::PUBLISHER_USER, topology::definitions_json,
 };
-use order_expiry_testkit::{World, amqp_port, at_ms, rabbitmqctl};
+use order_expiry_testkit::{World, amqp_port, at_ms, rabbitmqctl, succeeded};
 use secrecy::SecretString;
 use serde_json::Value;
-use tokio_util::sync::CancellationToken;
 
 fn repo_definitions() -> String {
     std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/definitions.json"))
@@ -56,12 +52,7 @@ fn the_export_for_the_event_action_lets_the_consumer_write_its_exchange() {
         .env("ORDER_EXPIRY__ACTION__AMQP__EXCHANGE", "shop.events")
         .output()
         .expect("order-expiry runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let exported: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let exported: Value = serde_json::from_str(&succeeded("topology export", &out)).unwrap();
     let plain: Value = serde_json::from_str(&repo_definitions()).unwrap();
     let consumer_write = |defs: &Value| {
         defs["permissions"]
@@ -188,6 +179,47 @@ fn assert_refused<T: std::fmt::Debug>(what: &str, result: Result<T, lapin::Error
     }
 }
 
+/// An operation a user must not be allowed, on a queue.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Consume(&'static str),
+    Get(&'static str),
+    Delete(&'static str),
+    Declare(&'static str),
+}
+
+impl Op {
+    /// Tries it on a fresh channel of `connection`: the broker refuses.
+    async fn assert_refused(self, user: &str, connection: &Connection) {
+        let c = connection.create_channel().await.expect("a channel");
+        let what = format!("{user} {self:?}");
+        let result = match self {
+            Op::Consume(queue) => c
+                .basic_consume(
+                    queue.into(),
+                    "".into(),
+                    Default::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map(|_| ()),
+            Op::Get(queue) => c
+                .basic_get(queue.into(), Default::default())
+                .await
+                .map(|_| ()),
+            Op::Delete(queue) => c
+                .queue_delete(queue.into(), Default::default())
+                .await
+                .map(|_| ()),
+            Op::Declare(queue) => c
+                .queue_declare(queue.into(), Default::default(), FieldTable::default())
+                .await
+                .map(|_| ()),
+        };
+        assert_refused(&what, result);
+    }
+}
+
 /// Publishes `message` into the ladder as `url`'s user, as the scheduler would.
 async fn scheduler_as(url: &str, message: &order_expiry::publisher::ExpiryMessage) {
     let mut settings = Settings::default();
@@ -238,22 +270,11 @@ async fn imported_users_have_least_privilege_and_suffice() {
             .await
             .is_err()
     );
-    let publisher_password = uuid::Uuid::new_v4().simple().to_string();
-    let consumer_password = uuid::Uuid::new_v4().simple().to_string();
-    rabbitmqctl(&[
-        "-q",
-        "change_password",
-        &imported.publisher,
-        &publisher_password,
-    ]);
-    rabbitmqctl(&[
-        "-q",
-        "change_password",
-        &imported.consumer,
-        &consumer_password,
-    ]);
-    let publisher_url = imported.url(&imported.publisher, &publisher_password);
-    let consumer_url = imported.url(&imported.consumer, &consumer_password);
+    let [publisher_url, consumer_url] = [&imported.publisher, &imported.consumer].map(|user| {
+        let password = uuid::Uuid::new_v4().simple().to_string();
+        rabbitmqctl(&["-q", "change_password", user, &password]);
+        imported.url(user, &password)
+    });
     let permitted = rabbitmqctl(&["-q", "list_permissions", "-p", &imported.vhost]);
     assert!(!permitted.contains("guest"), "{permitted}");
 
@@ -295,45 +316,15 @@ async fn imported_users_have_least_privilege_and_suffice() {
         .expect("the publisher may publish to the due exchange");
 
     // The publisher can neither consume, read, declare nor delete.
-    let c = publisher.create_channel().await.unwrap();
-    assert_refused(
-        "publisher basic.consume orders.due",
-        c.basic_consume(
-            "orders.due".into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await,
-    );
-    let c = publisher.create_channel().await.unwrap();
-    assert_refused(
-        "publisher basic.get orders.due",
-        c.basic_get("orders.due".into(), BasicGetOptions::default())
-            .await,
-    );
-    let c = publisher.create_channel().await.unwrap();
-    assert_refused(
-        "publisher queue.delete orders.due",
-        c.queue_delete("orders.due".into(), QueueDeleteOptions::default())
-            .await,
-    );
-    let c = publisher.create_channel().await.unwrap();
-    assert_refused(
-        "publisher queue.delete orders.ladder.00",
-        c.queue_delete("orders.ladder.00".into(), QueueDeleteOptions::default())
-            .await,
-    );
-    let c = publisher.create_channel().await.unwrap();
-    assert_refused(
-        "publisher queue.declare",
-        c.queue_declare(
-            "orders.mine".into(),
-            QueueDeclareOptions::default(),
-            FieldTable::default(),
-        )
-        .await,
-    );
+    for op in [
+        Op::Consume("orders.due"),
+        Op::Get("orders.due"),
+        Op::Delete("orders.due"),
+        Op::Delete("orders.ladder.00"),
+        Op::Declare("orders.mine"),
+    ] {
+        op.assert_refused("publisher", &publisher).await;
+    }
     let _ = publisher.close(200, "done".into()).await;
 
     // The real consumer, with the consumer user only: it re-declares its part,
@@ -344,22 +335,12 @@ async fn imported_users_have_least_privilege_and_suffice() {
     settings.amqp.url = SecretString::from(consumer_url.clone());
     settings.amqp.reconnect_max = Duration::from_millis(500);
     settings.consumer.unknown_rechecks = vec![Duration::from_secs(2)];
-    let mut consumer = Consumer::new(
-        &settings,
-        Arc::clone(&store),
-        Arc::new(Readiness::default()),
-    )
-    .unwrap();
-    let mut outcomes = consumer.observe();
-    let stop = CancellationToken::new();
-    let task = tokio::spawn(consumer.run(stop.clone()));
-    let mut got = Vec::new();
-    while got.len() < 5 {
-        match tokio::time::timeout(Duration::from_secs(15), outcomes.recv()).await {
-            Ok(Some(handled)) => got.push((handled.order_id.map(String::from), handled.outcome)),
-            _ => panic!("the consumer user handled only {got:?} within 15 s"),
-        }
-    }
+    let mut consumer = world.start_consumer_with(&settings);
+    let handled = consumer.next_n(5, Duration::from_secs(15)).await;
+    let mut got: Vec<_> = handled
+        .into_iter()
+        .map(|h| (h.order_id.map(String::from), h.outcome))
+        .collect();
     got.sort_by_key(|(id, outcome)| (id.clone(), outcome.label()));
     assert_eq!(
         got,
@@ -396,25 +377,12 @@ async fn imported_users_have_least_privilege_and_suffice() {
         "consumer publish to amq.topic",
         publish(&consumer_connection, "amq.topic", "x", b"{}").await,
     );
-    let c = consumer_connection.create_channel().await.unwrap();
-    assert_refused(
-        "consumer basic.get orders.ladder.00",
-        c.basic_get("orders.ladder.00".into(), BasicGetOptions::default())
-            .await,
-    );
-    let c = consumer_connection.create_channel().await.unwrap();
-    assert_refused(
-        "consumer queue.delete orders.ladder.00",
-        c.queue_delete("orders.ladder.00".into(), QueueDeleteOptions::default())
-            .await,
-    );
+    for op in [Op::Get("orders.ladder.00"), Op::Delete("orders.ladder.00")] {
+        op.assert_refused("consumer", &consumer_connection).await;
+    }
     let _ = consumer_connection.close(200, "done".into()).await;
 
-    stop.cancel();
-    tokio::time::timeout(Duration::from_secs(15), task)
-        .await
-        .expect("consumer stops")
-        .unwrap();
+    consumer.stop().await;
 
     // serve's outbox relay, as the consumer user: a row due in 40 s enters the
     // ladder, one due already goes to the due exchange with the zero key.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::TimeDelta;
 use order_expiry::{Scheduler, service::Outcome};
-use order_expiry_testkit::{Served, World, at_ms, message};
+use order_expiry_testkit::{World, at_ms, message};
 use rand::seq::SliceRandom;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -97,9 +97,7 @@ async fn killing_the_consumer_while_it_holds_a_message_loses_nothing() {
     let env = World::new().await;
     env.create_orders(&[("kill-1".into(), at_ms(3_000))]).await;
     let (_, due_at, _) = env.order("kill-1").await;
-    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_order-expiry"));
-    let log = std::env::temp_dir().join(format!("order-expiry-kill-{}.log", env.id));
-    let mut served = Served::start(binary, &env.settings, &[], log.clone()).await;
+    let mut served = env.serve(&[]).await;
     env.publish_message(&message("kill-1", due_at)).await;
     // Wait until the child has taken it (no longer ready in the queue), then kill -9.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -116,7 +114,6 @@ async fn killing_the_consumer_while_it_holds_a_message_loses_nothing() {
         .await
         .expect("killed");
     drop(served);
-    let _ = std::fs::remove_file(&log);
     assert_eq!(
         env.order("kill-1").await.0,
         "unpaid",
@@ -155,9 +152,7 @@ async fn a_message_held_back_by_the_broker_counts_as_a_late_arrival_for_every_ac
         ("ORDER_EXPIRY__ACTION__KIND", "http"),
         ("ORDER_EXPIRY__ACTION__HTTP__BASE_URL", base_url.as_str()),
     ];
-    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_order-expiry"));
-    let log = std::env::temp_dir().join(format!("order-expiry-late-{}.log", env.id));
-    let served = Served::start(binary, &env.settings, &env_vars, log.clone()).await;
+    let served = env.serve(&env_vars).await;
     served.wait_ready(Duration::from_secs(30)).await;
     for id in ["held-back", "on-time"] {
         let (_, due_at, _) = env.order(id).await;
@@ -179,6 +174,5 @@ async fn a_message_held_back_by_the_broker_counts_as_a_late_arrival_for_every_ac
     assert_eq!(within_30_s, 1.0, "one of them more than 30 s late");
     assert_eq!(env.order("held-back").await.0, "cancelled");
     drop(served);
-    let _ = std::fs::remove_file(log);
     env.cleanup().await;
 }

@@ -4,6 +4,8 @@
 
 use std::process::Command;
 
+use order_expiry_testkit::succeeded;
+
 /// Crates that must stay out of the publisher-only tree, as `name vX` prefixes
 /// of `cargo tree` lines. `rand v0.10` does appear there: lapin's TLS stack
 /// (p12-keystore) brings it; ours (0.9, the demo's) must not.
@@ -43,12 +45,7 @@ fn tree(features: &[&str]) -> Vec<String> {
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("cargo tree runs");
-    assert!(
-        out.status.success(),
-        "cargo tree: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut crates: Vec<String> = String::from_utf8_lossy(&out.stdout)
+    let mut crates: Vec<String> = succeeded("cargo tree", &out)
         .lines()
         .map(|l| l.trim_end_matches(" (*)").to_owned())
         .collect();

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, SubsecRound, TimeDelta, Utc};
 use order_expiry::{Scheduler, service::OrderStore, service::Outcome};
-use order_expiry_testkit::{World, amqp_url, at_ms};
+use order_expiry_testkit::{World, at_ms, succeeded};
 
 /// Sets a new deadline, as the order service does when it extends one.
 async fn extend(env: &World, id: &str, pay_deadline: DateTime<Utc>) {
@@ -26,24 +26,11 @@ async fn extend(env: &World, id: &str, pay_deadline: DateTime<Utc>) {
 /// `order-expiry schedule --order-id ID --due-at T` against the world.
 async fn schedule_with_cli(env: &World, id: &str, due_at: DateTime<Utc>) {
     let due_at = due_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_order-expiry"))
-        .env("ORDER_EXPIRY__AMQP__URL", amqp_url())
-        .env(
-            "ORDER_EXPIRY__TOPOLOGY__PREFIX",
-            &env.settings.topology.prefix,
-        )
-        .env(
-            "ORDER_EXPIRY__TOPOLOGY__LEVELS",
-            env.settings.topology.levels.to_string(),
-        )
-        .args(["schedule", "--order-id", id, "--due-at", &due_at])
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let mut cmd = crate::cli::binary(env);
+    cmd.args(["schedule", "--order-id", id, "--due-at", &due_at]);
+    succeeded(
+        "order-expiry schedule",
+        &cmd.output().await.expect("the binary runs"),
     );
 }
 

@@ -9,7 +9,7 @@ use chrono::Utc;
 use lapin::BasicProperties;
 use lapin::types::AMQPValue;
 use order_expiry::{service::Outcome, service::PgOrderStore};
-use order_expiry_testkit::{RunningConsumer, Served, World, at_ms, message};
+use order_expiry_testkit::{RunningConsumer, World, at_ms, message};
 
 const ORDERS: usize = 200;
 /// Bound on the lateness of the orders next to the bad one. Measured: the
@@ -138,9 +138,7 @@ async fn an_id_the_custom_statement_cannot_cast_is_parked_with_22p02() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_parked_queue_is_declared_again_and_the_poison_parked() {
     let env = World::new().await;
-    let log = std::env::temp_dir().join(format!("order-expiry-parked-{}.log", env.id));
-    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_order-expiry"));
-    let served = Served::start(binary, &env.settings, &[], log).await;
+    let served = env.serve(&[]).await;
     served.wait_ready(Duration::from_secs(30)).await;
     let parked_queue = env.ladder().parked_queue();
     env.channel()

@@ -8,28 +8,16 @@ use std::time::{Duration, Instant};
 
 use chrono::{TimeDelta, Utc};
 use order_expiry::Settings;
-use order_expiry_testkit::{World, number_after, settings_env};
+use order_expiry_testkit::{World, number_after, run_cli, succeeded};
 use rand::Rng;
-use tokio::process::Command;
 
 /// Runs `order-expiry ladder migrate ARGS` with `settings` (the new ladder).
 async fn migrate(settings: &Settings, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_order-expiry"))
-        .args(["ladder", "migrate"])
-        .args(args)
-        .envs(settings_env(settings))
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(300), out)
-        .await
-        .expect("migrate ends")
-        .expect("the binary runs");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
+    let args = [&["ladder", "migrate"][..], args].concat();
+    succeeded(
+        "order-expiry ladder migrate",
+        &run_cli(settings, &args, &[]).await,
+    )
 }
 
 /// `n` unpaid orders due 4-40 s from now, scheduled into the world's ladder
@@ -125,20 +113,8 @@ async fn migrate_while_running(old_levels: u8, new_levels: u8, n: usize, old_con
     let took = all_cancelled_none_early(&env, n as i64).await;
     eprintln!("all {n} cancelled, none early, {took:?} after the migration");
     // The old ladder is gone: its queues no longer exist.
-    let ladder = env.ladder();
-    let channel = env.open_channel().await;
-    let passive = lapin::options::QueueDeclareOptions {
-        passive: true,
-        ..Default::default()
-    };
-    let gone = channel
-        .queue_declare(
-            ladder.level_name(0).as_str().into(),
-            passive,
-            Default::default(),
-        )
-        .await;
-    assert!(gone.is_err(), "old level 0 deleted");
+    let level_0 = env.ladder().level_name(0);
+    assert!(!env.has_queue(&level_0).await, "old level 0 deleted");
     if let Some(old) = old {
         old.stop().await;
     }
@@ -207,15 +183,10 @@ async fn migrate_moves_what_waited_in_the_old_catch_up_queue() {
     eprintln!("{out}");
     assert!(number_after(&out, "moved") > 0.0, "{out}");
     all_cancelled_none_early(&env, 20).await;
-    let channel = env.open_channel().await;
-    let passive = lapin::options::QueueDeclareOptions {
-        passive: true,
-        ..Default::default()
-    };
-    let gone = channel
-        .queue_declare(catch_up.as_str().into(), passive, Default::default())
-        .await;
-    assert!(gone.is_err(), "the old catch-up queue deleted");
+    assert!(
+        !env.has_queue(&catch_up).await,
+        "the old catch-up queue deleted"
+    );
     consumer.stop().await;
     env.cleanup().await;
 }

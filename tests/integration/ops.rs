@@ -1,30 +1,17 @@
 //! Operator commands as an operator runs them, against the real broker and
 //! database: `status [--json]`, `parked list|replay|purge`.
 
-use std::process::Output;
 use std::time::Duration;
 
 use chrono::{TimeDelta, Utc};
 use lapin::BasicProperties;
-use order_expiry_testkit::{World, settings_env};
+use order_expiry_testkit::World;
 use serde_json::Value;
-use tokio::process::Command;
-
-/// Runs `order-expiry ARGS` with the world's settings (`extra` added).
-pub(crate) async fn cli(env: &World, args: &[&str], extra: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_order-expiry"));
-    cmd.args(args).envs(settings_env(&env.settings));
-    for (k, v) in extra {
-        cmd.env(k, v);
-    }
-    tokio::time::timeout(Duration::from_secs(120), cmd.output())
-        .await
-        .expect("the command ends")
-        .expect("the binary runs")
-}
 
 async fn status_json(env: &World, margin: &str) -> (Option<i32>, Value) {
-    let out = cli(env, &["status", "--json", "--margin", margin], &[]).await;
+    let out = env
+        .cli(&["status", "--json", "--margin", margin], &[])
+        .await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let json = serde_json::from_str(&stdout).unwrap_or_else(|e| {
         panic!(
@@ -120,7 +107,7 @@ async fn status_shows_every_part_and_exits_non_zero_when_unhealthy() {
     assert_depth(&env, &env.ladder().parked_queue(), 1).await;
 
     // The text form says the same.
-    let out = cli(&env, &["status", "--margin", "60s"], &[]).await;
+    let out = env.cli(&["status", "--margin", "60s"], &[]).await;
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(2), "{text}");
     assert!(
@@ -150,7 +137,9 @@ async fn status_without_a_broker_says_so_on_one_line() {
     let env = World::new().await;
     let port = order_expiry_testkit::free_port();
     let url = format!("amqp://guest:secret@127.0.0.1:{port}/%2f");
-    let out = cli(&env, &["status"], &[("ORDER_EXPIRY__AMQP__URL", &url)]).await;
+    let out = env
+        .cli(&["status"], &[("ORDER_EXPIRY__AMQP__URL", &url)])
+        .await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
@@ -224,16 +213,6 @@ async fn assert_depth(env: &World, queue: &str, n: u32) {
     }
 }
 
-fn stdout(out: &Output) -> String {
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
-}
-
 /// Three parked messages: one overdue order, one due in 10 s, one malformed.
 /// 10 s: the tests list and replay before the future one is due, which took
 /// over 4 s in a parallel run on a loaded 2-core machine (RabbitMQ 4.3.6).
@@ -279,7 +258,7 @@ async fn parked_list_and_selective_replay_strip_the_dead_letter_headers() {
     let (past_body, _) = three_parked(&env).await;
     let parked_queue = env.ladder().parked_queue();
 
-    let listed = stdout(&cli(&env, &["parked", "list"], &[]).await);
+    let listed = env.cli_ok(&["parked", "list"]).await;
     assert!(listed.starts_with("3 parked messages\n"), "{listed}");
     assert!(
         listed.contains("order p-past  reason: SQLSTATE 23514"),
@@ -296,7 +275,9 @@ async fn parked_list_and_selective_replay_strip_the_dead_letter_headers() {
     assert!(listed.contains("body: {\\\"v\\\": 1"), "{listed}");
     assert_depth(&env, &parked_queue, 3).await;
 
-    let out = stdout(&cli(&env, &["parked", "replay", "--order-id", "p-past"], &[]).await);
+    let out = env
+        .cli_ok(&["parked", "replay", "--order-id", "p-past"])
+        .await;
     assert!(
         out.starts_with("replayed 1: 1 to the due exchange"),
         "{out}"
@@ -329,14 +310,8 @@ async fn parked_list_and_selective_replay_strip_the_dead_letter_headers() {
         "no x-death or parking headers: {names:?}"
     );
 
-    let out = stdout(
-        &cli(
-            &env,
-            &["parked", "replay", "--reason", "still pending"],
-            &[],
-        )
-        .await,
-    );
+    let replay = ["parked", "replay", "--reason", "still pending"];
+    let out = env.cli_ok(&replay).await;
     assert!(
         out.contains("0 to the due exchange (due time passed), 1 through the ladder"),
         "{out}"
@@ -361,7 +336,7 @@ async fn parked_replay_all_cancels_on_time_and_leaves_the_malformed_parked() {
     let env = World::new().await;
     three_parked(&env).await;
     let mut consumer = env.start_consumer();
-    let out = stdout(&cli(&env, &["parked", "replay", "--all"], &[]).await);
+    let out = env.cli_ok(&["parked", "replay", "--all"]).await;
     assert!(out.starts_with("replayed 2: 1 to the due exchange (due time passed), 1 through the ladder; 1 still malformed"), "{out}");
     assert!(out.contains("left parked: {\\\"v\\\": 1"), "{out}");
     consumer.next_n(2, Duration::from_secs(30)).await;
@@ -371,14 +346,14 @@ async fn parked_replay_all_cancels_on_time_and_leaves_the_malformed_parked() {
         assert!(cancelled_at.unwrap() >= deadline, "{id} not early");
     }
     for _ in 0..2 {
-        let out = stdout(&cli(&env, &["parked", "replay", "--all"], &[]).await);
+        let out = env.cli_ok(&["parked", "replay", "--all"]).await;
         assert!(out.starts_with("replayed 0:"), "{out}");
         assert!(out.contains("1 still malformed"), "{out}");
     }
     consumer.expect_quiet(Duration::from_secs(1)).await;
     let parked_queue = env.ladder().parked_queue();
     assert_depth(&env, &parked_queue, 1).await;
-    let listed = stdout(&cli(&env, &["parked", "list"], &[]).await);
+    let listed = env.cli_ok(&["parked", "list"]).await;
     assert!(
         listed.contains("reason: missing field \"order_id\""),
         "{listed}"
@@ -393,7 +368,7 @@ async fn parked_purge_needs_yes() {
     let env = World::new().await;
     three_parked(&env).await;
     let parked_queue = env.ladder().parked_queue();
-    let out = cli(&env, &["parked", "purge"], &[]).await;
+    let out = env.cli(&["parked", "purge"], &[]).await;
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -401,7 +376,7 @@ async fn parked_purge_needs_yes() {
         "{stderr}"
     );
     assert_depth(&env, &parked_queue, 3).await;
-    let out = stdout(&cli(&env, &["parked", "purge", "--yes"], &[]).await);
+    let out = env.cli_ok(&["parked", "purge", "--yes"]).await;
     assert_eq!(out.trim(), "purged 3 parked messages");
     assert_depth(&env, &parked_queue, 0).await;
     env.cleanup().await;

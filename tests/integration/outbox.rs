@@ -6,18 +6,15 @@
 //! rows committed while a round is in progress wake the relay when it ends.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
-use lapin::options::{QueueBindOptions, QueueDeclareOptions};
+use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 use order_expiry::{service::Readiness, service::Relay};
 use order_expiry_testkit::{Proxy, Served, World, at_ms};
 use tokio_util::sync::CancellationToken;
-
-const BINARY: &str = env!("CARGO_BIN_EXE_order-expiry");
 
 /// A world's orders, each with its due time.
 type Orders = Vec<(String, DateTime<Utc>)>;
@@ -63,11 +60,6 @@ pub(crate) async fn outbox_rows(env: &World) -> i64 {
         .await
         .expect("count");
     row.get(0)
-}
-
-async fn serve(env: &World, name: &str, extra: &[(&str, &str)]) -> Served {
-    let log = std::env::temp_dir().join(format!("order-expiry-outbox-{name}-{}.log", env.id));
-    Served::start(Path::new(BINARY), &env.settings, extra, log).await
 }
 
 /// SIGTERM; it must exit 0.
@@ -128,24 +120,14 @@ async fn tap(env: &World) -> String {
         .queue_declare(name.as_str().into(), exclusive, FieldTable::default())
         .await
         .expect("tap queue");
-    let due = env.ladder().due_exchange();
-    channel
-        .queue_bind(
-            name.as_str().into(),
-            due.as_str().into(),
-            "#".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("tap binding");
+    env.bind(&name, &env.ladder().due_exchange(), "#").await;
     name
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn committed_rows_are_relayed_and_deleted_and_a_rollback_schedules_nothing() {
     let env = World::new().await;
-    let served = serve(&env, "relayed", &[]).await;
+    let served = env.serve(&[]).await;
     served.wait_ready(Duration::from_secs(20)).await;
 
     let committed = orders("ob", 20, 2500);
@@ -176,8 +158,8 @@ async fn two_relays_publish_each_row_exactly_once() {
     let tap = tap(&env).await;
     // Small batches, so both relays keep taking rows while the other holds some.
     let small = [("ORDER_EXPIRY__OUTBOX__BATCH_MAX", "5")];
-    let first = serve(&env, "first", &small).await;
-    let second = serve(&env, "second", &small).await;
+    let first = env.serve(&small).await;
+    let second = env.serve(&small).await;
     first.wait_ready(Duration::from_secs(20)).await;
     second.wait_ready(Duration::from_secs(20)).await;
 
@@ -256,7 +238,7 @@ async fn kill_9_between_confirm_and_delete_gives_a_duplicate_never_a_loss() {
         ("ORDER_EXPIRY__DATABASE__STATEMENT_TIMEOUT_MS", "60000"),
         ("ORDER_EXPIRY__DATABASE__QUERY_TIMEOUT_MS", "70000"),
     ];
-    let first = serve(&env, "killed", &patient).await;
+    let first = env.serve(&patient).await;
     first.wait_ready(Duration::from_secs(20)).await;
 
     // Due in 10 s: the message waits in the 8 s level, where it can be counted.
@@ -298,7 +280,7 @@ async fn kill_9_between_confirm_and_delete_gives_a_duplicate_never_a_loss() {
     .await
     .expect("release");
 
-    let second = serve(&env, "after-kill", &[]).await;
+    let second = env.serve(&[]).await;
     assert_cancelled_on_time(&env, &order).await;
     eventually(
         Duration::from_secs(15),
@@ -343,7 +325,7 @@ async fn rows_written_while_the_broker_is_unreachable_are_relayed_when_it_return
         ("ORDER_EXPIRY__AMQP__TIMEOUT_MS", "1000"),
         ("ORDER_EXPIRY__OUTBOX__RETRY_MAX_MS", "500"),
     ];
-    let served = serve(&env, "broker-down", &quick).await;
+    let served = env.serve(&quick).await;
     served.wait_ready(Duration::from_secs(20)).await;
 
     proxy.blackhole();

@@ -18,11 +18,7 @@ use crate::outbox::{assert_cancelled_on_time, outbox_rows};
 async fn schedule_in_tx_commits_with_the_order_or_not_at_all() {
     let env = World::new().await;
     let scheduler = env.scheduler();
-    let url = env.settings.database.url.expose_secret().to_owned();
-    let (mut db, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .expect("database");
-    tokio::spawn(connection);
+    let mut db = env.connect().await.expect("database");
     let insert = "INSERT INTO orders (id, pay_deadline) VALUES ($1, $2)";
 
     let due_at = at_ms(2500);
@@ -138,9 +134,7 @@ async fn the_python_order_service_refuses_an_expire_before_due() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_order_service_schedules_through_the_outbox() {
     let env = World::new().await;
-    let log = std::env::temp_dir().join(format!("order-expiry-python-{}.log", env.id));
-    let binary = Path::new(env!("CARGO_BIN_EXE_order-expiry"));
-    let served = order_expiry_testkit::Served::start(binary, &env.settings, &[], log).await;
+    let served = env.serve(&[]).await;
     served.wait_ready(Duration::from_secs(20)).await;
 
     let created = order_service(&env, &["create", "py-1", "3"]).await;

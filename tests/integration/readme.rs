@@ -7,11 +7,9 @@
 //! snippet runs in `outbox_clients.rs`; the links and the settings' defaults
 //! are checked in `docs.rs`.
 
-use std::path::Path;
 use std::time::Duration;
 
-use order_expiry_testkit::{Served, World, at_ms};
-use secrecy::ExposeSecret;
+use order_expiry_testkit::{World, at_ms};
 
 use crate::docs::repo_file;
 use crate::outbox::{assert_cancelled_on_time, outbox_rows};
@@ -82,15 +80,9 @@ fn the_readme_snippets_are_the_examples_own_text() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_snippets_schedule_orders_cancelled_on_time() {
     let env = World::new().await;
-    let log = std::env::temp_dir().join(format!("order-expiry-readme-{}.log", env.id));
-    let binary = Path::new(env!("CARGO_BIN_EXE_order-expiry"));
-    let mut served = Served::start(binary, &env.settings, &[], log).await;
+    let mut served = env.serve(&[]).await;
     served.wait_ready(Duration::from_secs(20)).await;
-    let url = env.settings.database.url.expose_secret().to_owned();
-    let (mut db, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .expect("database");
-    tokio::spawn(connection);
+    let mut db = env.connect().await.expect("database");
 
     let sql = code_blocks(&repo_file("README.md"), "sql").remove(0);
     assert!(sql.contains("interval '30 minutes'"), "{sql}");

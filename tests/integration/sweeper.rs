@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use order_expiry::{service::Service, service::Sweeper};
-use order_expiry_testkit::{Served, World, at_ms};
+use order_expiry_testkit::{World, at_ms};
 use tokio_util::sync::CancellationToken;
 
 const GRACE_MS: i64 = 1500;
@@ -145,9 +145,7 @@ async fn a_healthy_run_sweeps_nothing() {
     let mut env = World::new().await;
     env.settings.sweeper = order_expiry::Settings::default().sweeper;
     assert!(env.settings.sweeper.enabled, "the sweeper is on by default");
-    let log = std::env::temp_dir().join(format!("order-expiry-sweeper-{}.log", env.id));
-    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_order-expiry"));
-    let served = Served::start(binary, &env.settings, &[], log.clone()).await;
+    let served = env.serve(&[]).await;
     served.wait_ready(Duration::from_secs(30)).await;
 
     // Due every 25 ms from 1 s to 4 s; every fourth paid.
@@ -196,6 +194,5 @@ async fn a_healthy_run_sweeps_nothing() {
     served.assert_nothing_swept().await;
     scheduler.close().await;
     drop(served);
-    let _ = std::fs::remove_file(log);
     env.cleanup().await;
 }

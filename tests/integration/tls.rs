@@ -10,7 +10,7 @@ use order_expiry::{
     ScheduleError, Scheduler, amqp::ConnectError, amqp::TlsFiles, service::Outcome,
     topology::Ladder,
 };
-use order_expiry_testkit::{World, at_ms, free_port, rabbitmqctl, vhost};
+use order_expiry_testkit::{World, at_ms, free_port, rabbitmqctl, succeeded, vhost};
 use secrecy::SecretString;
 
 /// A throw-away PKI: a CA, a server certificate for 127.0.0.1 and a client
@@ -137,11 +137,7 @@ fn openssl(dir: &Path, args: &[&str]) {
         .current_dir(dir)
         .output()
         .expect("the openssl CLI runs (apt-get install openssl)");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(format_args!("openssl {args:?}"), &out);
 }
 
 /// A TLS listener on the running broker, on a free port; stopped on drop.

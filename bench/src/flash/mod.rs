@@ -33,7 +33,6 @@
 mod broker;
 mod paths;
 mod plan;
-mod plot;
 mod report;
 mod run;
 pub(crate) mod serve;
@@ -191,10 +190,16 @@ pub(crate) const NO_BUNDLES_ENV: (&str, &str) = ("ORDER_EXPIRY__PUBLISHER__BUNDL
 pub async fn run(settings: &Settings, args: &FlashArgs) -> anyhow::Result<()> {
     let report = measure(settings, args).await?;
     println!("{}", table(&report));
-    std::fs::create_dir_all(&args.out_dir)?;
-    let json = report::write_json(&report, &args.out_dir)?;
-    let svg = args.out_dir.join("flash.svg");
-    plot::lateness_cdf(&report, &svg)?;
+    let caption = format!(
+        "Flash sale: {} orders within {:.0} s, due {:.0} s later, sweeper {} (RabbitMQ {})",
+        report.orders,
+        report.within_s,
+        report.window_s,
+        on_off(report.sweeper),
+        report.broker_version
+    );
+    let curves: Vec<_> = report.rows.iter().map(report::Row::curve).collect();
+    let (json, svg) = crate::cdf::write(&args.out_dir, "flash", &report, &caption, &curves)?;
     println!("wrote {} and {}", json.display(), svg.display());
     if report.rows.iter().all(|r| !r.bundles) {
         println!(

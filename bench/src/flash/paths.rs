@@ -12,7 +12,7 @@ use chrono::SecondsFormat;
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 use order_expiry::{Scheduler, Settings, topology::Topology};
-use order_expiry_testkit::{World, settings_env};
+use order_expiry_testkit::{World, connect_database, settings_env};
 use secrecy::ExposeSecret;
 use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::time::Instant;
@@ -166,10 +166,9 @@ pub(super) async fn outbox(
     limit: Duration,
 ) -> anyhow::Result<f64> {
     let url = settings.database.url.expose_secret();
-    let (mut db, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+    let mut db = connect_database(url)
         .await
         .context("outbox writer connection")?;
-    tokio::spawn(connection);
     let orders = db
         .prepare("INSERT INTO orders (id, pay_deadline) SELECT * FROM unnest($1::text[], $2::timestamptz[])")
         .await?;

@@ -1,8 +1,6 @@
 //! The flash sale's figures: one row per run (path, bundles), read from the
 //! database and serve's metrics, as a text table, JSON and goal measurements.
 
-use std::path::{Path, PathBuf};
-
 use chrono::Utc;
 use order_expiry::Settings;
 use order_expiry_testkit::World;
@@ -10,6 +8,7 @@ use serde::Serialize;
 
 use super::broker::Broker;
 use super::{FlashArgs, Switch};
+use crate::cdf::Curve;
 use crate::goals::Measurement;
 use crate::percentile;
 
@@ -155,6 +154,23 @@ impl Row {
     pub fn label(&self) -> String {
         format!("{}, bundles {}", self.path, super::on_off(self.bundles))
     }
+
+    /// The row in the lateness picture.
+    pub(crate) fn curve(&self) -> Curve<'_> {
+        let label = format!(
+            "{}: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms, swept {:.0}, early {}",
+            self.label(),
+            self.p50_ms,
+            self.p99_ms,
+            self.max_ms,
+            self.swept,
+            self.early
+        );
+        Curve {
+            label,
+            lateness_ms: &self.lateness_ms,
+        }
+    }
 }
 
 /// The benchmark's result.
@@ -226,21 +242,6 @@ impl Report {
         }
         out
     }
-}
-
-/// Writes `flash.json` (the figures and every sorted lateness) into `dir`.
-pub(super) fn write_json(report: &Report, dir: &Path) -> anyhow::Result<PathBuf> {
-    let json = dir.join("flash.json");
-    let mut value = serde_json::to_value(report)?;
-    for (row, out) in report
-        .rows
-        .iter()
-        .zip(value["rows"].as_array_mut().into_iter().flatten())
-    {
-        out["lateness_ms_sorted"] = serde_json::json!(row.lateness_ms);
-    }
-    std::fs::write(&json, serde_json::to_string_pretty(&value)? + "\n")?;
-    Ok(json)
 }
 
 #[cfg(test)]

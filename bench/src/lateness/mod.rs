@@ -17,7 +17,6 @@
 //! non-zero when one is missed.
 
 mod naive;
-mod plot;
 mod report;
 mod stalls;
 
@@ -123,10 +122,15 @@ struct Planned {
 pub async fn run(settings: &Settings, args: &LatenessArgs) -> anyhow::Result<()> {
     let report = measure(settings, args).await?;
     println!("{}", table(&report));
-    std::fs::create_dir_all(&args.out_dir)?;
-    let json = report::write_json(&report, &args.out_dir)?;
-    let svg = args.out_dir.join("lateness.svg");
-    plot::lateness_cdf(&report, &svg)?;
+    let mut caption = format!(
+        "Lateness of cancels, {} orders/s, delays {:.0}-{:.0} s ({} holding queues)",
+        report.rate, report.min_delay_s, report.max_delay_s, report.queue_type
+    );
+    if report.burst > 0 {
+        caption += &format!(", + {} within {:.0} s", report.burst, report.burst_over_s);
+    }
+    let curves: Vec<_> = report.rows.iter().map(report::Row::curve).collect();
+    let (json, svg) = crate::cdf::write(&args.out_dir, "lateness", &report, &caption, &curves)?;
     println!("wrote {} and {}", json.display(), svg.display());
     let verdicts = goals::judge(report.bench(), &report.measurements(), false);
     crate::finish(&verdicts)

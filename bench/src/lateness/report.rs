@@ -1,12 +1,11 @@
 //! The lateness figures: one row per design, read from the database, as a text
 //! table and JSON.
 
-use std::path::Path;
-
 use order_expiry_testkit::World;
 use serde::Serialize;
 
 use super::stalls::Stalls;
+use crate::cdf::Curve;
 use crate::goals::{Bench, Measurement};
 use crate::{fmt_ms, percentile};
 
@@ -86,6 +85,18 @@ pub struct Report {
 }
 
 impl Row {
+    /// The row in the lateness picture.
+    pub(crate) fn curve(&self) -> Curve<'_> {
+        let label = format!(
+            "{}: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms, early {}",
+            self.design, self.p50_ms, self.p99_ms, self.max_ms, self.early
+        );
+        Curve {
+            label,
+            lateness_ms: &self.lateness_ms,
+        }
+    }
+
     /// Figures from every cancelled order's lateness.
     pub fn from_lateness(
         design: &str,
@@ -207,21 +218,6 @@ impl Report {
         }
         out
     }
-}
-
-/// Writes `lateness.json` (figures and every sorted lateness) into `dir`.
-pub(super) fn write_json(report: &Report, dir: &Path) -> anyhow::Result<std::path::PathBuf> {
-    let json = dir.join("lateness.json");
-    let mut value = serde_json::to_value(report)?;
-    for (row, out) in report
-        .rows
-        .iter()
-        .zip(value["rows"].as_array_mut().into_iter().flatten())
-    {
-        out["lateness_ms_sorted"] = serde_json::json!(row.lateness_ms);
-    }
-    std::fs::write(&json, serde_json::to_string_pretty(&value)?)?;
-    Ok(json)
 }
 
 /// The figures as a text table.

@@ -4,7 +4,6 @@
 //! processes started on a chosen node.
 
 use std::ops::Deref;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use order_expiry::Scheduler;
@@ -24,7 +23,6 @@ pub fn url_list(first: usize) -> String {
 /// One scenario's world on the cluster; derefs to the shared world.
 pub struct ClusterWorld {
     world: order_expiry_testkit::World,
-    logs: PathBuf,
 }
 
 impl Deref for ClusterWorld {
@@ -44,6 +42,7 @@ impl ClusterWorld {
             .kind("cluster")
             .levels(levels)
             .declare(false)
+            .scenario("cluster", name)
             .build()
             .await
             .unwrap_or_else(|e| {
@@ -64,15 +63,7 @@ impl ClusterWorld {
             .declare(&settings)
             .await
             .expect("topology on the cluster");
-        let logs = std::env::temp_dir().join(format!("order-expiry-cluster-{}", world.id));
-        std::fs::create_dir_all(&logs).expect("log dir");
-        eprintln!(
-            "scenario {name:?}: prefix {}, schema {}, service logs in {}",
-            world.settings.topology.prefix,
-            world.schema(),
-            logs.display()
-        );
-        Self { world, logs }
+        Self { world }
     }
 
     /// Starts `order-expiry serve` connected to node `first` (the URL list with
@@ -80,9 +71,6 @@ impl ClusterWorld {
     /// consumer's session is the process's only broker connection, and so on
     /// `first` while it runs.
     pub async fn serve(&self, first: usize, env: &[(&str, &str)]) -> Served {
-        let n = std::fs::read_dir(&self.logs).map_or(0, |d| d.count());
-        let log = self.logs.join(format!("serve-{n}-node{first}.log"));
-        let binary = std::path::Path::new(env!("CARGO_BIN_EXE_order-expiry"));
         let urls = url_list(first);
         let mut all = vec![
             ("ORDER_EXPIRY__AMQP__URL", urls.as_str()),
@@ -90,7 +78,8 @@ impl ClusterWorld {
             ("ORDER_EXPIRY__OUTBOX__ENABLED", "false"),
         ];
         all.extend_from_slice(env);
-        Served::start(binary, &self.settings, &all, log).await
+        let label = format!("-node{first}");
+        self.world.serve_labelled(&label, &all).await
     }
 
     /// A publisher on the URL list with node `first` first, each confirm
@@ -136,8 +125,5 @@ impl ClusterWorld {
     /// `CLUSTER_KEEP_LOGS` is set.
     pub async fn cleanup(self) {
         self.world.cleanup().await;
-        if std::env::var_os("CLUSTER_KEEP_LOGS").is_none() {
-            let _ = std::fs::remove_dir_all(&self.logs);
-        }
     }
 }

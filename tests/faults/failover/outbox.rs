@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tokio_postgres::{Client, NoTls};
+use order_expiry_testkit::connect_database;
+use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{at_ms, order};
@@ -74,13 +75,11 @@ pub async fn outbox_writer(
 }
 
 async fn connect(url: &str) -> Option<Client> {
-    let (client, connection) =
-        tokio::time::timeout(Duration::from_secs(5), tokio_postgres::connect(url, NoTls))
-            .await
-            .ok()?
-            .ok()?;
-    tokio::spawn(connection);
-    Some(client)
+    let connecting = connect_database(url);
+    tokio::time::timeout(Duration::from_secs(5), connecting)
+        .await
+        .ok()?
+        .ok()
 }
 
 /// One try. An order already there means an earlier try committed (with its

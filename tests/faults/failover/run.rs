@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, TimeDelta, Utc};
 use order_expiry::{Scheduler, service::PgOrderStore};
 use order_expiry_testkit::pg_pair::{self, PairLock, Replication};
-use order_expiry_testkit::{ReadyWatch, Served};
+use order_expiry_testkit::{ReadyWatch, Served, connect_database};
 use secrecy::ExposeSecret;
-use tokio_postgres::NoTls;
+use tokio::task::JoinHandle;
 
 use super::timeline::{Recovery, Timeline};
-use crate::support::{Ledger, World, at_ms, order};
+use crate::support::{Figures, Ledger, World, at_ms, order, settle, world_on_database};
 
 /// A scenario: the pair up as `mode` says, a world on it, `serve` with both
 /// hosts in its URL (the sweeper off, as every world's), `/readyz` watched
@@ -31,7 +31,7 @@ impl Scenario {
     pub async fn start(name: &'static str, mode: Replication, env: &[(&str, &str)]) -> Self {
         let pair = pg_pair::lock().await;
         pg_pair::up(mode).await;
-        let world = World::on_database(name, &pg_pair::url()).await;
+        let world = world_on_database(name, &pg_pair::url()).await;
         let served = world.serve(env).await;
         served.wait_ready(Duration::from_secs(30)).await;
         let watch = Some(ReadyWatch::start(&served));
@@ -76,20 +76,27 @@ impl Scenario {
                 order(format!("{prefix}-{i}"), due)
             })
             .collect();
-        self.world.create_orders(&orders).await;
-        let results = self.scheduler.schedule_many(orders.iter().cloned()).await;
-        let mut ledger = Ledger::default();
-        for (i, ((id, due), result)) in orders.iter().zip(results).enumerate() {
-            let scheduled = result.is_ok();
-            let paid = scheduled && i % 5 == 0 && self.world.store.pay(id).await.expect("pay");
-            ledger.add(id, *due, scheduled, paid);
-        }
-        ledger
+        Ledger::place(&self.world, &self.scheduler, &orders, 5).await
+    }
+
+    /// The usual traffic: 400 orders `<prefix>-<i>` due 2-16 s after now
+    /// (every fifth paid at once), and the payer racing their due times.
+    pub async fn traffic(&self, prefix: &str) -> (Ledger, JoinHandle<Vec<(String, Paid)>>) {
+        let (first, spread) = (Duration::from_secs(2), Duration::from_secs(14));
+        let ledger = self.place(prefix, 400, first, spread).await;
+        let payer = self.payer(&ledger);
+        (ledger, payer)
+    }
+
+    /// Waits until `at` after the scenario began: the fault's time.
+    pub async fn fault_at(&self, at: Duration) -> (Instant, DateTime<Utc>) {
+        until(self.began, at).await;
+        Timeline::fault_now()
     }
 
     /// Pays the orders `i % 5 == 1` of `ledger` 200 ms before each is due, across
     /// whatever the database does meanwhile (see [`pay_for_sure`]).
-    pub fn payer(&self, ledger: &Ledger) -> tokio::task::JoinHandle<Vec<(String, Paid)>> {
+    pub fn payer(&self, ledger: &Ledger) -> JoinHandle<Vec<(String, Paid)>> {
         let store = Arc::clone(&self.world.store);
         let url = self.world.settings.database.url.expose_secret().to_owned();
         let due: Vec<_> = ledger
@@ -114,7 +121,30 @@ impl Scenario {
     }
 }
 
+/// How a scenario that loses nothing ended: the audit, the recovery and
+/// `serve`'s own count of its cancels.
+pub struct Ended {
+    pub figures: Figures,
+    pub recovery: Recovery,
+    pub served_cancels: f64,
+}
+
 impl Scenario {
+    /// Waits (at most `limit`) until `ledger` settles, then reads what
+    /// `timeline` shows of the recovery and `serve`'s cancels.
+    pub async fn settle(&self, timeline: &Timeline, ledger: &Ledger, limit: Duration) -> Ended {
+        let figures = settle(&self.world, ledger, limit).await;
+        let served_cancels = self
+            .served
+            .metric("order_expiry_messages_total{outcome=\"cancelled\"}")
+            .await;
+        Ended {
+            figures,
+            recovery: self.recovery(timeline, ledger).await,
+            served_cancels,
+        }
+    }
+
     /// Stops `serve` and removes the world (the pair is left as it is: the
     /// next scenario's `up` rebuilds it).
     pub async fn finish(self) {
@@ -122,6 +152,50 @@ impl Scenario {
         drop(self.watch);
         drop(self.served);
         self.world.cleanup().await;
+    }
+}
+
+impl Ended {
+    /// The scenario's FIGURES line: `title`, the recovery, both counts of
+    /// cancels, then `extra`.
+    pub fn print(&self, title: &str, extra: &str) {
+        let (figures, recovery) = (&self.figures, &self.recovery);
+        let cancels = format!(
+            "serve's cancels {}, the database's {}",
+            self.served_cancels, figures.cancelled
+        );
+        figures.print(
+            title,
+            &format!("{}; {cancels}; {extra}", recovery.describe()),
+        );
+    }
+
+    /// What every scenario that loses nothing promises: the invariants,
+    /// every order within [`super::timeline::BOUND`], nothing swept, no cancel
+    /// lost or done twice, and some order due in the outage (or the scenario
+    /// tested nothing).
+    pub async fn assert_promises(&self, s: &Scenario) {
+        let figures = &self.figures;
+        if figures.lost > 0 {
+            eprintln!(
+                "pair: {}\nserve: {}",
+                pg_pair::status(),
+                s.served.log_tail(20)
+            );
+        }
+        figures.assert_invariants();
+        self.recovery.assert_within_bound();
+        s.served.assert_nothing_swept().await;
+        assert!(
+            self.served_cancels <= figures.cancelled as f64,
+            "serve cancelled {} orders, the database holds {}: some cancel was lost or done twice",
+            self.served_cancels,
+            figures.cancelled
+        );
+        assert!(
+            self.recovery.due_in_outage > 0,
+            "no order came due in the outage"
+        );
     }
 }
 
@@ -160,8 +234,7 @@ pub async fn pay_for_sure(store: &PgOrderStore, url: &str, id: &str, until: Date
 
 /// The order's status, read on the primary (a connection of its own).
 async fn status(url: &str, id: &str) -> Option<String> {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await.ok()?;
-    tokio::spawn(connection);
+    let client = connect_database(url).await.ok()?;
     let row = client
         .query_one("SELECT status FROM orders WHERE id = $1", &[&id])
         .await

@@ -1,12 +1,12 @@
 //! Shared set-up for the fault tests, on top of `order_expiry_testkit` (the
 //! isolated world and the `serve` child-process runner):
 //!
-//! - [`World`]: one scenario's world, with its `serve` logs, row locks and a
-//!   queue report.
+//! - [`world`]: one scenario's world (the testkit's, its `serve` logs kept
+//!   per scenario), once the broker and the database are up.
 //! - [`Outage`]: breaks the broker or the database; dropping it (also when the test
 //!   panics) brings the service back and waits until it answers.
-//! - [`Ledger`] / [`Figures`]: what the order service did, audited from the
-//!   database against the invariants.
+//! - [`settle`]: the testkit's [`Ledger`] audited against the invariants,
+//!   with where the messages are while it waits.
 //! - [`ensure_ballast`]: the broker topology under which a restart stalls a level.
 
 mod audit;
@@ -16,6 +16,6 @@ mod world;
 
 pub use audit::*;
 pub use ballast::*;
-pub use order_expiry_testkit::{ReadyWatch, Subscriber, at_ms};
+pub use order_expiry_testkit::{ReadyWatch, Subscriber, World, at_ms};
 pub use services::*;
 pub use world::*;

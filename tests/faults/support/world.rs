@@ -1,188 +1,29 @@
-//! A fault test's world: the shared isolated world of `order_expiry_testkit`,
-//! plus what only the fault tests need: `serve` with logs kept per scenario,
-//! row locks, reading the table while the database comes back, and a report of
-//! where messages are.
-
-use std::collections::HashMap;
-use std::ops::Deref;
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
+//! A fault test's world: the shared isolated world of `order_expiry_testkit`
+//! (its `serve` logs kept per scenario), built once the services are up.
 
 use chrono::{DateTime, Utc};
-use lapin::options::BasicGetOptions;
-use order_expiry::{publisher::DueMessage, publisher::ExpiryMessage};
-use order_expiry_testkit::{OrderRow, Served, message, vhost};
-use secrecy::ExposeSecret;
-use tokio_postgres::NoTls;
+use order_expiry::publisher::ExpiryMessage;
+use order_expiry_testkit::{World, WorldBuilder, message};
 
 use super::*;
 
-/// One scenario's world; derefs to the shared [`order_expiry_testkit::World`].
-pub struct World {
-    world: order_expiry_testkit::World,
-    logs: PathBuf,
+/// Makes sure the broker and the database run (an earlier test may have left
+/// them down), then builds the world; `name` labels its logs.
+pub async fn world(name: &str) -> World {
+    build(name, World::builder()).await
 }
 
-impl Deref for World {
-    type Target = order_expiry_testkit::World;
-
-    fn deref(&self) -> &Self::Target {
-        &self.world
-    }
+/// A world whose orders live in the database of `url` (the failover pair's,
+/// [`order_expiry_testkit::pg_pair::url`]) instead of the test database.
+pub async fn world_on_database(name: &str, url: &str) -> World {
+    build(name, World::builder().database_url(url)).await
 }
 
-impl World {
-    /// Makes sure the broker and the database run (an earlier test may have
-    /// left them down), then builds the world; `name` labels its logs.
-    pub async fn new(name: &'static str) -> Self {
-        Self::build(name, order_expiry_testkit::World::builder()).await
-    }
-
-    /// A world whose orders live in the database of `url` (the failover
-    /// pair's, [`order_expiry_testkit::pg_pair::url`]) instead of the test
-    /// database.
-    pub async fn on_database(name: &'static str, url: &str) -> Self {
-        Self::build(
-            name,
-            order_expiry_testkit::World::builder().database_url(url),
-        )
-        .await
-    }
-
-    async fn build(name: &'static str, builder: order_expiry_testkit::WorldBuilder) -> Self {
-        ensure_broker_up();
-        ensure_database_up();
-        let world = builder.build().await.expect("a test world");
-        let logs = std::env::temp_dir().join(format!("order-expiry-faults-{}", world.id));
-        std::fs::create_dir_all(&logs).expect("log dir");
-        eprintln!(
-            "scenario {name:?}: prefix {}, schema {}, service logs in {}",
-            world.settings.topology.prefix,
-            world.schema(),
-            logs.display()
-        );
-        Self { world, logs }
-    }
-
-    /// Starts `order-expiry serve` for this world; `env` adds or overrides
-    /// `ORDER_EXPIRY__…` variables.
-    pub async fn serve(&self, env: &[(&str, &str)]) -> Served {
-        let n = std::fs::read_dir(&self.logs).map_or(0, |d| d.count());
-        let log = self.logs.join(format!("serve-{n}.log"));
-        let binary = std::path::Path::new(env!("CARGO_BIN_EXE_order-expiry"));
-        Served::start(binary, &self.settings, env, log).await
-    }
-
-    /// Opens a transaction holding the row locks of `ids`: a cancel statement
-    /// touching any of them blocks until [`RowLock::release`].
-    pub async fn lock_rows(&self, ids: &[&str]) -> RowLock {
-        let client = self.connect().await.expect("locking connection");
-        client.batch_execute("BEGIN").await.expect("begin");
-        client
-            .execute(
-                "SELECT 1 FROM orders WHERE id = ANY($1) FOR UPDATE",
-                &[&ids],
-            )
-            .await
-            .expect("lock rows");
-        RowLock { client }
-    }
-
-    /// Every order row, retrying while the database comes back. Read on a
-    /// connection of its own: a pooled one may still reach a server that
-    /// stopped being the primary (and holds what it had then).
-    pub async fn rows(&self) -> HashMap<String, OrderRow> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match self.read_rows().await {
-                Ok(rows) => return rows,
-                Err(e) if Instant::now() > deadline => panic!("reading orders: {e}"),
-                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-            }
-        }
-    }
-
-    async fn read_rows(&self) -> Result<HashMap<String, OrderRow>, tokio_postgres::Error> {
-        let client = self.connect().await?;
-        let select = "SELECT id, status, pay_deadline, paid_at, cancelled_at FROM orders";
-        let rows = client.query(select, &[]).await?;
-        Ok(rows
-            .iter()
-            .map(|r| {
-                let row = OrderRow {
-                    status: r.get(1),
-                    pay_deadline: r.get(2),
-                    paid_at: r.get(3),
-                    cancelled_at: r.get(4),
-                };
-                (r.get(0), row)
-            })
-            .collect())
-    }
-
-    /// A new connection to the world's database (with several hosts, the
-    /// one that takes writes), its schema first on the search path.
-    pub async fn connect(&self) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-        let url = self.settings.database.url.expose_secret();
-        let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
-        tokio::spawn(connection);
-        Ok(client)
-    }
-
-    /// This world's non-empty queues as `name ready/unacked`, from `rabbitmqctl`.
-    pub fn queue_report(&self) -> String {
-        let prefix = format!("{}.", self.settings.topology.prefix);
-        let vhost = vhost();
-        let args = ["-q", "list_queues", "-p", &vhost, "--no-table-headers"];
-        let fields = ["name", "messages_ready", "messages_unacknowledged"];
-        let listing = run("rabbitmqctl", &[&args[..], &fields[..]].concat()).unwrap_or_else(|e| e);
-        let queues: Vec<String> = listing
-            .lines()
-            .filter_map(|line| {
-                let mut fields = line.split_whitespace();
-                let name = fields.next()?.strip_prefix(&prefix)?;
-                let (ready, unacked) = (fields.next()?, fields.next()?);
-                (ready != "0" || unacked != "0").then(|| format!("{name} {ready}/{unacked}"))
-            })
-            .collect();
-        if queues.is_empty() {
-            "all empty".into()
-        } else {
-            queues.join(", ")
-        }
-    }
-
-    /// The order ids of the messages ready for the next consumer, in the due
-    /// queue and its catch-up queue, left there: they are fetched unacked and
-    /// returned when the channel closes.
-    pub async fn due_ids(&self) -> Vec<String> {
-        let channel = self.open_channel().await;
-        let ladder = self.ladder();
-        let mut ids = Vec::new();
-        // What waited in the due queue longer than topology.catch_up_after_ms
-        // (counted from when it was first enqueued, so also a message a
-        // consumer held and handed back) is in the catch-up queue.
-        for queue in [ladder.due_queue(), ladder.catch_up_queue()] {
-            let get =
-                || channel.basic_get(queue.as_str().into(), BasicGetOptions { no_ack: false });
-            while let Some(message) = get().await.expect("basic.get") {
-                let decoded = DueMessage::decode(&message.delivery.data, None, 1 << 20)
-                    .expect("a well-formed message in the due queue");
-                ids.extend(decoded.messages().map(|m| m.order_id.to_string()));
-            }
-        }
-        let _ = channel.close(200, "requeue".into()).await;
-        ids
-    }
-
-    /// Deletes this test's queues, exchanges and schema (best effort), and its
-    /// logs unless `FAULTS_KEEP_LOGS` is set.
-    pub async fn cleanup(self) {
-        self.world.cleanup().await;
-        if std::env::var_os("FAULTS_KEEP_LOGS").is_none() {
-            let _ = std::fs::remove_dir_all(&self.logs);
-        }
-    }
+async fn build(name: &str, builder: WorldBuilder) -> World {
+    ensure_broker_up();
+    ensure_database_up();
+    let world = builder.scenario("faults", name).build().await;
+    world.expect("a test world")
 }
 
 /// Settings of a `serve` whose cancel statement waits for row locks instead of
@@ -197,32 +38,6 @@ pub const WAITING_CANCEL: [(&str, &str); 2] = [
     ),
     ("ORDER_EXPIRY__DATABASE__LOCK_TIMEOUT_MS", "4500"),
 ];
-
-/// Row locks held open by a test ([`World::lock_rows`]).
-pub struct RowLock {
-    client: tokio_postgres::Client,
-}
-
-impl RowLock {
-    /// Statements of the service (application `order-expiry`) waiting on a row
-    /// lock in the test database now.
-    pub async fn blocked(&self) -> i64 {
-        self.client
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-                 AND application_name = 'order-expiry' AND wait_event_type = 'Lock'",
-                &[],
-            )
-            .await
-            .expect("pg_stat_activity")
-            .get(0)
-    }
-
-    /// Commits: the blocked statements go on.
-    pub async fn release(self) {
-        self.client.batch_execute("COMMIT").await.expect("commit");
-    }
-}
 
 /// An unpaid order due at `due_at`, with its wire-format due time (what the
 /// consumer compares against).

@@ -267,3 +267,32 @@ impl Drop for Child {
         }
     }
 }
+
+/// `order-expiry ARGS` with `settings` ([`settings_env`]) and `extra`
+/// variables: its output once it ended, within 5 minutes.
+pub async fn run_cli(
+    settings: &Settings,
+    args: &[&str],
+    extra: &[(&str, &str)],
+) -> std::process::Output {
+    let mut command = Command::new(crate::served::binary());
+    command.args(args).envs(settings_env(settings));
+    command.envs(extra.iter().copied());
+    tokio::time::timeout(Duration::from_secs(300), command.output())
+        .await
+        .unwrap_or_else(|_| panic!("order-expiry {args:?} ends within 5 minutes"))
+        .expect("the binary runs")
+}
+
+/// The stdout of `what`, a command that must have succeeded; panics with its
+/// stdout and stderr otherwise.
+pub fn succeeded(what: impl std::fmt::Display, out: &std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}

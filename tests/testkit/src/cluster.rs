@@ -9,8 +9,6 @@
 //! broker.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -72,10 +70,6 @@ pub fn nodes_named(field: &str) -> usize {
         .count()
 }
 
-fn script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/lib/cluster.sh")
-}
-
 /// The suite `cluster.sh` is run with: `ORDER_EXPIRY_RMQ4_SUITE`, else `forky`.
 pub fn suite() -> String {
     std::env::var("ORDER_EXPIRY_RMQ4_SUITE").unwrap_or_else(|_| "forky".to_owned())
@@ -83,23 +77,8 @@ pub fn suite() -> String {
 
 /// Runs `scripts/lib/cluster.sh ARGS`, at most `limit`; its stdout, or why it failed.
 pub fn cluster_sh(args: &[&str], limit: Duration) -> Result<String, String> {
-    let out = Command::new("timeout")
-        .arg(limit.as_secs().to_string())
-        .arg(script())
-        .args(args)
-        .env("ORDER_EXPIRY_RMQ4_SUITE", suite())
-        .output()
-        .map_err(|e| format!("cluster.sh {args:?}: {e}"))?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    if out.status.success() {
-        Ok(stdout)
-    } else {
-        Err(format!(
-            "cluster.sh {args:?} exited {:?}: {stdout}{}",
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
+    let env = [("ORDER_EXPIRY_RMQ4_SUITE", suite())];
+    crate::services::run_script("cluster.sh", args, &env, limit)
 }
 
 /// [`cluster_sh`] in a blocking task, panicking on failure.

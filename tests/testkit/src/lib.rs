@@ -5,7 +5,9 @@
 //! - [`services`]: where the test broker and database are (environment
 //!   overrides such as `ORDER_EXPIRY_TEST_AMQP_PORT`), and small helpers.
 //! - [`world`]: [`World`]: an isolated topology prefix and PostgreSQL schema,
-//!   the topology declared, settings pointed at them, cleanup.
+//!   the topology declared, settings pointed at them, `serve` with its logs,
+//!   cleanup; what fault tests look at in it (row locks, due messages left,
+//!   queues) is in `inspect`.
 //! - [`consumer`]: [`RunningConsumer`]: the real consumer in-process, observed.
 //! - [`child`]: [`Launch`] / [`Child`]: our binaries as child processes.
 //! - [`served`]: [`Served`]: `order-expiry serve` as a child, its HTTP endpoint.
@@ -18,6 +20,8 @@
 //! - [`endpoint`]: [`Endpoint`]: a scripted local order service (the HTTP
 //!   action's expire endpoint) and payment gateway (the check), recording
 //!   every request.
+//! - [`ledger`]: [`Ledger`] / [`Figures`]: what a scenario's order service
+//!   placed, audited from the orders table against the invariants.
 //! - [`subscriber`]: [`Subscriber`]: an event-driven order service for the
 //!   event action, cancelling on `order.expired`.
 //!
@@ -33,6 +37,8 @@ pub mod child;
 pub mod cluster;
 pub mod consumer;
 pub mod endpoint;
+mod inspect;
+pub mod ledger;
 pub mod pg_pair;
 pub mod procfs;
 pub mod proxy;
@@ -43,14 +49,16 @@ pub mod tls_front;
 pub mod world;
 
 pub use self::broker::{BrokerVersion, announced_version, broker_version};
-pub use self::child::{Child, Launch, settings_env};
+pub use self::child::{Child, Launch, run_cli, settings_env, succeeded};
 pub use self::consumer::RunningConsumer;
 pub use self::endpoint::{Endpoint, Expiry, Reply, Request, expire_order};
+pub use self::inspect::RowLock;
+pub use self::ledger::{Figures, Ledger, Orders, Pace, Placed, order_service, settle};
 pub use self::proxy::Proxy;
 pub use self::served::{ReadyWatch, Served, http_get, metric_value};
 pub use self::services::{
-    MovableClock, amqp_port, amqp_url, amqp_url_on, at_ms, blue_amqp_port, database, database_url,
-    free_port, rabbitmqctl, skewed_clock, vhost, with_search_path,
+    MovableClock, amqp_port, amqp_url, amqp_url_on, at_ms, blue_amqp_port, connect_database,
+    database, database_url, free_port, rabbitmqctl, skewed_clock, vhost, with_search_path,
 };
 pub use self::subscriber::{Received, Subscriber};
 pub use self::tls_front::TlsFront;
@@ -92,6 +100,20 @@ pub fn order_ids(body: &[u8]) -> Vec<String> {
     decoded.messages().map(|m| m.order_id.to_string()).collect()
 }
 
+/// Of `times` (sorted here), the most within any one second.
+pub fn busiest_second(times: &mut [chrono::DateTime<chrono::Utc>]) -> usize {
+    times.sort();
+    let mut most = 0;
+    let mut start = 0;
+    for end in 0..times.len() {
+        while times[end] - times[start] >= chrono::TimeDelta::seconds(1) {
+            start += 1;
+        }
+        most = most.max(end - start + 1);
+    }
+    most
+}
+
 /// The number right after the first `word` in `text` (a command's report),
 /// an opening parenthesis skipped; panics when there is none.
 pub fn number_after(text: &str, word: &str) -> f64 {
@@ -116,4 +138,15 @@ pub fn number_before(text: &str, word: &str) -> f64 {
         .next_back()
         .and_then(|n| n.trim_start_matches('(').parse().ok())
         .unwrap_or_else(|| panic!("a number before {word:?} in {text}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_busiest_second_counts_the_densest_window() {
+        let at = |ms| chrono::DateTime::from_timestamp_millis(ms).expect("a time");
+        let mut times = [at(2_500), at(0), at(900), at(1_000), at(300), at(3_600)];
+        assert_eq!(super::busiest_second(&mut times), 3);
+        assert_eq!(super::busiest_second(&mut []), 0);
+    }
 }

@@ -8,8 +8,6 @@
 //! primary.
 
 use std::fs::File;
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -65,29 +63,10 @@ pub async fn lock() -> PairLock {
     .expect("lock task")
 }
 
-fn script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/lib/pg-pair.sh")
-}
-
 /// Runs `scripts/lib/pg-pair.sh ARGS`, at most `limit`; its stdout, or why it
 /// failed.
 pub fn pg_pair_sh(args: &[&str], limit: Duration) -> Result<String, String> {
-    let out = Command::new("timeout")
-        .arg(limit.as_secs().to_string())
-        .arg(script())
-        .args(args)
-        .output()
-        .map_err(|e| format!("pg-pair.sh {args:?}: {e}"))?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    if out.status.success() {
-        Ok(stdout)
-    } else {
-        Err(format!(
-            "pg-pair.sh {args:?} exited {:?}: {stdout}{}",
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
+    crate::services::run_script("pg-pair.sh", args, &[], limit)
 }
 
 /// [`pg_pair_sh`] in a blocking task, panicking on failure; the wall-clock

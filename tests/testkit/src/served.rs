@@ -14,6 +14,24 @@ use tokio_util::sync::CancellationToken;
 
 use crate::child::{Child, Launch};
 
+/// The `order-expiry` binary Cargo built beside the running test (what
+/// `env!("CARGO_BIN_EXE_order-expiry")` names in the product's own tests):
+/// the test runs from `target/<profile>/deps/`.
+pub fn binary() -> PathBuf {
+    let test = std::env::current_exe().expect("the test's path");
+    let profile = test
+        .parent()
+        .and_then(Path::parent)
+        .expect("a test under target/<profile>/deps");
+    let binary = profile.join(format!("order-expiry{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        binary.exists(),
+        "{} missing: the product's tests build it",
+        binary.display()
+    );
+    binary
+}
+
 /// `order-expiry serve` for a world; killed when dropped.
 #[derive(Debug)]
 pub struct Served {

@@ -86,16 +86,10 @@ pub fn rabbitmqctl(args: &[&str]) -> String {
         .args(args)
         .output()
         .expect("rabbitmqctl runs");
-    assert!(
-        out.status.success(),
-        "rabbitmqctl {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    crate::succeeded(format_args!("rabbitmqctl {args:?}"), &out)
 }
 
-fn rabbitmqctl_command() -> Command {
+pub(crate) fn rabbitmqctl_command() -> Command {
     let mut command = Command::new("rabbitmqctl");
     if let Ok(node) = std::env::var("ORDER_EXPIRY_TEST_RABBITMQ_NODE") {
         command.args(["-n", &node]);
@@ -109,6 +103,14 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port()
+}
+
+/// A new connection to the database of `url` (`postgres://…` or
+/// `host=… dbname=…`), its driver task spawned.
+pub async fn connect_database(url: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    Ok(client)
 }
 
 /// `ms` milliseconds from now (negative: ago).
@@ -138,13 +140,9 @@ pub(crate) async fn ensure_test_vhost_and_database() {
                 ".*",
             ]);
         }
-        let (client, connection) = tokio_postgres::connect(
-            "host=127.0.0.1 user=postgres dbname=postgres",
-            tokio_postgres::NoTls,
-        )
-        .await
-        .expect("PostgreSQL on 127.0.0.1:5432 as postgres");
-        tokio::spawn(connection);
+        let client = connect_database("host=127.0.0.1 user=postgres dbname=postgres")
+            .await
+            .expect("PostgreSQL on 127.0.0.1:5432 as postgres");
         let _ = client
             .batch_execute(&format!("CREATE DATABASE {}", database()))
             .await;
@@ -212,4 +210,32 @@ fn faketime(mut vars: Vec<(&'static str, String)>) -> Vec<(&'static str, String)
         ("FAKETIME_DONT_RESET", "1".to_owned()),
     ]);
     vars
+}
+
+/// Runs `scripts/lib/<script> ARGS` with `env` added, at most `limit`; its
+/// stdout, or why it failed.
+pub(crate) fn run_script(
+    script: &str,
+    args: &[&str],
+    env: &[(&str, String)],
+    limit: std::time::Duration,
+) -> Result<String, String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/lib");
+    let out = Command::new("timeout")
+        .arg(limit.as_secs().to_string())
+        .arg(path.join(script))
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .map_err(|e| format!("{script} {args:?}: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if out.status.success() {
+        Ok(stdout)
+    } else {
+        Err(format!(
+            "{script} {args:?} exited {:?}: {stdout}{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
 }

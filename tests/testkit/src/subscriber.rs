@@ -15,7 +15,7 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
-    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+    ExchangeDeclareOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ExchangeKind};
@@ -86,16 +86,7 @@ impl Subscriber {
             .queue_declare(queue.as_str().into(), durable, quorum)
             .await
             .expect("the subscriber's queue");
-        channel
-            .queue_bind(
-                queue.as_str().into(),
-                exchange.as_str().into(),
-                "order.expired".into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .expect("its binding");
+        world.bind(&queue, &exchange, "order.expired").await;
         let url = world.settings.amqp.url.expose_secret().to_owned();
         let stop = CancellationToken::new();
         let task = tokio::spawn(subscribe(

@@ -5,13 +5,16 @@
 //! other.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use chrono::{DateTime, Utc};
 use lapin::options::{
-    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueBindOptions,
+    QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Confirmation, Connection};
@@ -22,6 +25,7 @@ use secrecy::{ExposeSecret, SecretString};
 use tokio::sync::Mutex;
 
 use crate::consumer::RunningConsumer;
+use crate::served::Served;
 use crate::services::{self, with_search_path};
 
 /// Ladder levels of test worlds: delays up to 63 s, quick to declare.
@@ -48,6 +52,10 @@ pub struct World {
     link: Mutex<Option<(Connection, Channel)>>,
     declared: Mutex<Vec<Topology>>,
     removal_timeout: Duration,
+    /// Where [`World::serve`] writes its logs, and the variable that keeps
+    /// them after cleanup (see [`WorldBuilder::scenario`]).
+    logs: Option<(PathBuf, String)>,
+    serves: AtomicUsize,
 }
 
 impl std::fmt::Debug for World {
@@ -67,6 +75,7 @@ pub struct WorldBuilder {
     kind: String,
     declare: bool,
     removal_timeout: Duration,
+    scenario: Option<(String, String)>,
 }
 
 impl World {
@@ -99,6 +108,7 @@ impl World {
             kind: "t".into(),
             declare: true,
             removal_timeout: Duration::from_secs(10),
+            scenario: None,
         }
     }
 }
@@ -165,6 +175,14 @@ impl WorldBuilder {
         self
     }
 
+    /// A named scenario of suite `suite` (`faults`, `cluster`): its `serve`
+    /// logs go to a directory of their own, said at start and removed at
+    /// cleanup unless `<SUITE>_KEEP_LOGS` is set.
+    pub fn scenario(mut self, suite: &str, name: &str) -> Self {
+        self.scenario = Some((suite.to_owned(), name.to_owned()));
+        self
+    }
+
     /// Creates the schema and the orders table, then declares the topology.
     /// Nothing is left behind when it fails.
     pub async fn build(self) -> anyhow::Result<World> {
@@ -191,6 +209,8 @@ impl WorldBuilder {
             link: Mutex::new(None),
             declared: Mutex::new(Vec::new()),
             removal_timeout: self.removal_timeout,
+            logs: None,
+            serves: AtomicUsize::new(0),
             id,
         };
         world.settings.topology.prefix = format!("{}-{}", self.kind, world.id);
@@ -199,6 +219,17 @@ impl WorldBuilder {
         if let Err(e) = world.populate(self.declare).await {
             world.cleanup().await;
             return Err(e);
+        }
+        if let Some((suite, name)) = self.scenario {
+            let dir = std::env::temp_dir().join(format!("order-expiry-{suite}-{}", world.id));
+            std::fs::create_dir_all(&dir).context("the scenario's log directory")?;
+            eprintln!(
+                "scenario {name:?}: prefix {}, schema {}, service logs in {}",
+                world.settings.topology.prefix,
+                world.schema,
+                dir.display()
+            );
+            world.logs = Some((dir, format!("{}_KEEP_LOGS", suite.to_uppercase())));
         }
         Ok(world)
     }
@@ -261,7 +292,7 @@ impl World {
         {
             return Some(channel.clone());
         }
-        let connection = self.connect(wait).await?;
+        let connection = self.connect_broker(wait).await?;
         let channel = connection.create_channel().await.ok()?;
         *link = Some((connection, channel.clone()));
         Some(channel)
@@ -276,7 +307,7 @@ impl World {
         connection.create_channel().await.expect("a channel")
     }
 
-    async fn connect(&self, wait: Duration) -> Option<Connection> {
+    async fn connect_broker(&self, wait: Duration) -> Option<Connection> {
         let deadline = Instant::now() + wait;
         let url = self.admin_url.expose_secret();
         loop {
@@ -289,6 +320,40 @@ impl World {
                 Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
             }
         }
+    }
+
+    /// Starts `order-expiry serve` for this world's settings, logging into
+    /// the scenario's directory (or the temporary one, the log removed at
+    /// cleanup); `env` adds or overrides `ORDER_EXPIRY__…` variables.
+    pub async fn serve(&self, env: &[(&str, &str)]) -> Served {
+        self.serve_labelled("", env).await
+    }
+
+    /// [`World::serve`], `label` in its log's name in a scenario's directory.
+    pub async fn serve_labelled(&self, label: &str, env: &[(&str, &str)]) -> Served {
+        let n = self.serves.fetch_add(1, Ordering::Relaxed);
+        let log = match &self.logs {
+            Some((dir, _)) => dir.join(format!("serve-{n}{label}.log")),
+            None => self.temporary_log(n),
+        };
+        Served::start(&crate::served::binary(), &self.settings, env, log).await
+    }
+
+    fn temporary_log(&self, n: usize) -> PathBuf {
+        let name = format!("order-expiry-{}-serve-{n}.log", self.id);
+        std::env::temp_dir().join(name)
+    }
+
+    /// `order-expiry ARGS` with this world's settings (see [`crate::run_cli`]).
+    pub async fn cli(&self, args: &[&str], extra: &[(&str, &str)]) -> std::process::Output {
+        crate::run_cli(&self.settings, args, extra).await
+    }
+
+    /// The stdout of `order-expiry ARGS` with this world's settings, which
+    /// must succeed.
+    pub async fn cli_ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args, &[]).await;
+        crate::succeeded(format_args!("order-expiry {args:?}"), &out)
     }
 
     /// Starts the real consumer in this process; its outcomes are observed.
@@ -334,6 +399,31 @@ impl World {
         let select = "SELECT id, status, pay_deadline, paid_at, cancelled_at FROM orders";
         let rows = client.query(select, &[]).await.map_err(|e| e.to_string())?;
         Ok(rows.iter().map(OrderRow::keyed).collect())
+    }
+
+    /// Every order row, retrying for up to 30 s while the database comes
+    /// back. Read on a connection of its own: a pooled one may still reach a
+    /// server that stopped being the primary (and holds what it had then).
+    pub async fn rows(&self) -> HashMap<String, OrderRow> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let read = async {
+                let select = "SELECT id, status, pay_deadline, paid_at, cancelled_at FROM orders";
+                let rows = self.connect().await?.query(select, &[]).await?;
+                Ok::<_, tokio_postgres::Error>(rows.iter().map(OrderRow::keyed).collect())
+            };
+            match read.await {
+                Ok(rows) => return rows,
+                Err(e) if Instant::now() > deadline => panic!("reading orders: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+
+    /// A new connection to the world's database (with several hosts, the
+    /// one that takes writes), its schema first on the search path.
+    pub async fn connect(&self) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+        services::connect_database(self.settings.database.url.expose_secret()).await
     }
 
     async fn orders_where(&self, filter: &str, value: &str) -> HashMap<String, OrderRow> {
@@ -430,6 +520,36 @@ impl World {
             .message_count()
     }
 
+    /// Binds `queue` to `exchange` for `key`, on the admin channel.
+    pub async fn bind(&self, queue: &str, exchange: &str, key: &str) {
+        let options = QueueBindOptions::default();
+        self.channel()
+            .await
+            .queue_bind(
+                queue.into(),
+                exchange.into(),
+                key.into(),
+                options,
+                FieldTable::default(),
+            )
+            .await
+            .expect("a binding");
+    }
+
+    /// Whether `queue` exists (asked on a channel of its own, which the
+    /// broker closes when it does not).
+    pub async fn has_queue(&self, queue: &str) -> bool {
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let channel = self.open_channel().await;
+        let declared = channel.queue_declare(queue.into(), passive, FieldTable::default());
+        let exists = declared.await.is_ok();
+        let _ = channel.close(200, "asked".into()).await;
+        exists
+    }
+
     /// Takes one message from a queue (acking it), if any.
     pub async fn get(&self, queue: &str) -> Option<lapin::message::BasicGetMessage> {
         self.channel()
@@ -454,6 +574,18 @@ impl World {
         {
             let drop = format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema);
             let _ = client.batch_execute(&drop).await;
+        }
+        match &self.logs {
+            Some((dir, keep)) if std::env::var_os(keep).is_none() => {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            Some(_) => {}
+            // A test that panics never comes here: its logs stay.
+            None => {
+                for n in 0..self.serves.load(Ordering::Relaxed) {
+                    let _ = std::fs::remove_file(self.temporary_log(n));
+                }
+            }
         }
     }
 }
