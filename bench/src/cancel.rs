@@ -1,64 +1,104 @@
-//! `order-expiry-bench cancel`: what the database charges per cancelled order,
-//! the ceiling a flash sale meets once the ladder carries bundles.
+//! `order-expiry-bench cancel`: what the database charges per cancelled order
+//! for `database.cancel_sql`, against the bare UPDATE that only flips the
+//! status ([`BARE_UPDATE`]: no deadline rule, no clock rule, no skipped
+//! locks, nothing returned), the physical limit of this table on this
+//! machine.
 //!
-//! For each batch size (the consumer cancels up to `consumer.batch_max` orders
-//! in one statement, and a flash sale's batches are full) and each number of
-//! concurrent statements (`consumer.batch_concurrency`), it creates fresh
-//! unpaid orders whose deadline has passed and cancels all of them through
-//! the consumer's own store ([`PgOrderStore`], `database.cancel_sql`, the
-//! pool), batch by batch, and reports the time per order, per statement and
-//! the orders per second that add up to. Every order must come back
-//! `Cancelled`: a run that cancels fewer fails.
+//! Both (and any `--also` statement) run on the same table, on the same
+//! connections, as prepared statements, interleaved: each repetition creates
+//! fresh unpaid orders past their deadline for each batch size and each
+//! statement, then cancels them a batch of one statement, then a batch of the
+//! next (which goes first rotates), so the noise of a shared machine hits all
+//! alike. A statement's cost per order is the time its statements took,
+//! summed, over the orders they cancelled. The table shows each one's median
+//! over the repetitions, and the median of the repetitions' ratios to the
+//! bare UPDATE. Every order must be cancelled: a run that cancels fewer
+//! fails.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, ensure};
-use chrono::{TimeDelta, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use clap::Args;
-use futures::StreamExt;
-use order_expiry::{
-    OrderId, Settings, publisher::ExpiryMessage, service::Disposition, service::OrderStore,
-    service::PgOrderStore,
-};
+use order_expiry::{Settings, service::PgOrderStore, service::PooledClient};
 use order_expiry_testkit::World;
 use serde::Serialize;
+use tokio_postgres::Statement;
 
-use crate::percentile;
+use crate::goals::{self, Bench, Measurement};
+
+/// The physical limit: flips the status of every unpaid order of `$1`, and
+/// nothing else.
+pub const BARE_UPDATE: &str = "UPDATE orders SET status = 'cancelled', cancelled_at = now() \
+                               WHERE id = ANY($1) AND status = 'unpaid'";
 
 /// Arguments of `cancel`.
 #[derive(Debug, Clone, Args)]
 pub struct CancelArgs {
-    /// Orders cancelled at each batch size and concurrency.
+    /// Orders per statement, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,10,30,100,300,1000")]
+    pub batch_sizes: Vec<usize>,
+    /// Orders each statement cancels at each batch size in each repetition
+    /// (fewer for small batches: see --statements).
     #[arg(long, default_value_t = 20_000)]
     pub orders: usize,
-    /// Orders per cancel statement, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,10,50,100,200,500")]
-    pub batch_sizes: Vec<usize>,
-    /// Statements running at once, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,2")]
-    pub concurrency: Vec<usize>,
+    /// At most this many statements at each batch size in each repetition:
+    /// small batches cancel batch × statements orders.
+    #[arg(long, default_value_t = 300)]
+    pub statements: usize,
+    /// Repetitions; the table shows their medians.
+    #[arg(long, default_value_t = 7)]
+    pub repetitions: usize,
+    /// Statements running at once, each on its own connection.
+    #[arg(long, default_value_t = 1)]
+    pub concurrency: usize,
+    /// SQL run once on the new orders table before measuring (a fillfactor,
+    /// another index, a dropped primary key): what your own schema costs.
+    #[arg(long, value_name = "SQL")]
+    pub alter: Option<String>,
+    /// Another cancel statement measured beside them in the same run, as
+    /// `database.cancel_sql` is ($1 the ids, $2 their due times if it
+    /// declares it); repeatable.
+    #[arg(long, value_name = "SQL")]
+    pub also: Vec<String>,
 }
 
-/// One batch size at one concurrency.
-#[derive(Debug, Clone, Serialize)]
+/// One batch size: the medians over the repetitions.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CancelRow {
     /// Orders per statement.
     pub batch: usize,
-    /// Statements at once.
-    pub concurrency: usize,
-    /// Orders cancelled.
+    /// Orders each statement cancelled in each repetition.
     pub orders: usize,
-    /// Cancelled orders per second, wall clock.
-    pub orders_per_s: f64,
-    /// Wall time per order, µs.
-    pub us_per_order: f64,
-    /// One statement's time, ms: p50 and p99.
-    pub statement_ms: [f64; 2],
+    /// `database.cancel_sql`: statement time per order, µs (median).
+    pub cancel_us: f64,
+    /// [`BARE_UPDATE`]: statement time per order, µs (median).
+    pub bare_us: f64,
+    /// The median of the repetitions' `cancel_us / bare_us`.
+    pub ratio: f64,
+    /// Each `--also` statement: its µs per order and its ratio, as above.
+    pub also: Vec<[f64; 2]>,
 }
 
-/// Runs the benchmark in a world of its own (its own schema) and prints a table.
+/// Runs the benchmark in a world of its own (its own schema), prints the
+/// table and judges the goals it measured.
 pub async fn run(settings: &Settings, args: &CancelArgs) -> anyhow::Result<()> {
+    let rows = measure(settings, args).await?;
+    println!("{}", table(&rows, args.repetitions));
+    let verdicts = goals::judge(Bench::Cancel, &measurements(&rows), false);
+    crate::finish(&verdicts)
+}
+
+/// Measures every batch size of `args` in a world of its own.
+pub async fn measure(settings: &Settings, args: &CancelArgs) -> anyhow::Result<Vec<CancelRow>> {
+    ensure!(
+        args.batch_sizes.iter().all(|&b| b > 0)
+            && args.orders > 0
+            && args.statements > 0
+            && args.repetitions > 0
+            && args.concurrency > 0,
+        "batch sizes, orders, statements, repetitions and concurrency start at 1"
+    );
     let world = World::builder()
         .settings(settings.clone())
         .kind("bench-cancel")
@@ -67,125 +107,345 @@ pub async fn run(settings: &Settings, args: &CancelArgs) -> anyhow::Result<()> {
         .await?;
     let rows = measure_in(&world, args).await;
     world.cleanup().await;
-    let rows = rows?;
-    println!("{}", table(&rows));
-    Ok(())
+    rows
 }
+
+/// One repetition at one batch size: µs per order of each statement
+/// (`cancel_sql`, the bare UPDATE, then each `--also`).
+type Sample = Vec<f64>;
 
 async fn measure_in(world: &World, args: &CancelArgs) -> anyhow::Result<Vec<CancelRow>> {
     let mut settings = world.settings.clone();
-    settings.database.pool_size = settings
-        .database
-        .pool_size
-        .max(args.concurrency.iter().copied().max().unwrap_or(1));
-    let store = Arc::new(PgOrderStore::new(&settings)?);
-    let mut rows = Vec::new();
-    for (round, (&batch, &concurrency)) in args
+    settings.database.pool_size = settings.database.pool_size.max(args.concurrency);
+    let store = PgOrderStore::new(&settings)?;
+    if let Some(alter) = &args.alter {
+        let client = store.client().await?;
+        client
+            .batch_execute(alter)
+            .await
+            .with_context(|| format!("--alter {alter:?}"))?;
+    }
+    let mut statements = vec![
+        (
+            "database.cancel_sql".to_owned(),
+            settings.database.cancel_sql.clone(),
+        ),
+        ("the bare UPDATE".to_owned(), BARE_UPDATE.to_owned()),
+    ];
+    for (n, sql) in args.also.iter().enumerate() {
+        statements.push((format!("--also #{}", n + 1), sql.clone()));
+    }
+    let mut lanes = Vec::with_capacity(args.concurrency);
+    for _ in 0..args.concurrency {
+        lanes.push(Lane::prepare(&store, &statements).await?);
+    }
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); args.batch_sizes.len()];
+    for rep in 0..args.repetitions {
+        let sets = create_orders(world, &store, args, rep, statements.len()).await?;
+        for (i, &batch) in args.batch_sizes.iter().enumerate() {
+            let took = cancel_interleaved(&lanes, &sets[i], batch)
+                .await
+                .with_context(|| format!("at batch {batch}"))?;
+            let orders = sets[i][0].len() as f64;
+            samples[i].push(took.iter().map(|s| s * 1e6 / orders).collect());
+        }
+        eprintln!(
+            "cancel: repetition {} of {} done",
+            rep + 1,
+            args.repetitions
+        );
+    }
+    Ok(args
         .batch_sizes
         .iter()
-        .flat_map(|b| args.concurrency.iter().map(move |c| (b, c)))
-        .enumerate()
-    {
-        ensure!(
-            batch > 0 && concurrency > 0,
-            "batch sizes and concurrency start at 1"
-        );
-        let messages = orders(world, &store, round, args.orders).await?;
-        rows.push(cancel_all(&store, &messages, batch, concurrency).await?);
-    }
-    Ok(rows)
+        .zip(&samples)
+        .map(|(&batch, samples)| summarize(batch, orders_at(args, batch), samples))
+        .collect())
 }
 
-/// `n` unpaid orders of round `round`, 1 s past their deadline, and their messages.
-async fn orders(
+/// Orders each statement cancels at `batch` in one repetition.
+fn orders_at(args: &CancelArgs, batch: usize) -> usize {
+    args.orders.min(batch.saturating_mul(args.statements))
+}
+
+/// The fresh unpaid orders of repetition `rep`, 1 s past their deadline: for
+/// each batch size, one set per statement.
+async fn create_orders(
     world: &World,
     store: &PgOrderStore,
-    round: usize,
-    n: usize,
-) -> anyhow::Result<Vec<ExpiryMessage>> {
+    args: &CancelArgs,
+    rep: usize,
+    statements: usize,
+) -> anyhow::Result<Vec<Vec<Vec<String>>>> {
     let due_at = Utc::now() - TimeDelta::seconds(1);
-    let ids: Vec<(String, chrono::DateTime<Utc>)> =
-        (0..n).map(|i| (format!("c{round}-{i}"), due_at)).collect();
-    for chunk in ids.chunks(10_000) {
-        world
-            .insert_orders(chunk)
-            .await
-            .context("creating orders")?;
+    let mut sets = Vec::with_capacity(args.batch_sizes.len());
+    for (i, &batch) in args.batch_sizes.iter().enumerate() {
+        let mut per_statement = Vec::with_capacity(statements);
+        for k in 0..statements {
+            let orders: Vec<(String, DateTime<Utc>)> = (0..orders_at(args, batch))
+                .map(|n| (format!("r{rep}-b{i}-s{k}-{n}"), due_at))
+                .collect();
+            for chunk in orders.chunks(10_000) {
+                world
+                    .insert_orders(chunk)
+                    .await
+                    .context("creating orders")?;
+            }
+            per_statement.push(orders.into_iter().map(|(id, _)| id).collect());
+        }
+        sets.push(per_statement);
     }
-    let client = store.client().await?;
-    client.batch_execute("ANALYZE orders").await?;
-    ids.into_iter()
-        .map(|(id, at)| Ok(ExpiryMessage::new(OrderId::new(id)?, at)))
+    store
+        .client()
+        .await?
+        .batch_execute("ANALYZE orders")
+        .await?;
+    Ok(sets)
+}
+
+/// One connection and every statement prepared on it.
+struct Lane {
+    client: PooledClient,
+    statements: Vec<(String, Statement)>,
+}
+
+impl Lane {
+    async fn prepare(
+        store: &PgOrderStore,
+        statements: &[(String, String)],
+    ) -> anyhow::Result<Self> {
+        let client = store.client().await?;
+        let mut prepared = Vec::with_capacity(statements.len());
+        for (name, sql) in statements {
+            let statement = client
+                .prepare(sql)
+                .await
+                .with_context(|| format!("preparing {name}"))?;
+            prepared.push((name.clone(), statement));
+        }
+        Ok(Self {
+            client,
+            statements: prepared,
+        })
+    }
+
+    /// Runs statement `k` on `ids` (and their due times, when it takes
+    /// them); the orders it cancelled.
+    async fn cancel(
+        &self,
+        k: usize,
+        ids: &[&str],
+        due_at: &[DateTime<Utc>],
+    ) -> anyhow::Result<u64> {
+        let (name, statement) = &self.statements[k];
+        let cancelled = match (statement.params().len(), statement.columns().is_empty()) {
+            (1, true) => self.client.execute(statement, &[&ids]).await?,
+            (2, true) => self.client.execute(statement, &[&ids, &due_at]).await?,
+            (1, false) => self.client.query(statement, &[&ids]).await?.len() as u64,
+            (2, false) => self.client.query(statement, &[&ids, &due_at]).await?.len() as u64,
+            (n, _) => anyhow::bail!("{name} has {n} parameters, not 1 or 2"),
+        };
+        Ok(cancelled)
+    }
+}
+
+/// One statement's parameters: the ids and their due times.
+type Batch<'a> = (Vec<&'a str>, Vec<DateTime<Utc>>);
+
+/// Cancels every order of every statement's set, `batch` orders a
+/// statement, spread over the lanes: each lane runs a batch of one
+/// statement, then the same size of the next (which goes first rotates), so
+/// the machine's noise hits all alike. Each statement's time, summed, in
+/// seconds.
+async fn cancel_interleaved(
+    lanes: &[Lane],
+    sets: &[Vec<String>],
+    batch: usize,
+) -> anyhow::Result<Vec<f64>> {
+    let due_at = Utc::now() - TimeDelta::seconds(1);
+    let statements = sets.len();
+    let chunks: Vec<Vec<Batch>> = sets
+        .iter()
+        .map(|set| {
+            set.chunks(batch)
+                .map(|chunk| {
+                    (
+                        chunk.iter().map(String::as_str).collect(),
+                        vec![due_at; chunk.len()],
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    let rounds = chunks[0].len();
+    let lanes_done = lanes.iter().enumerate().map(|(l, lane)| {
+        let chunks = &chunks;
+        async move {
+            let mut took = vec![0.0; statements];
+            let mut cancelled = vec![0; statements];
+            for i in (l..rounds).step_by(lanes.len()) {
+                for k in (0..statements).map(|k| (k + i) % statements) {
+                    let (ids, due_at) = &chunks[k][i];
+                    let started = Instant::now();
+                    cancelled[k] += lane
+                        .cancel(k, ids, due_at)
+                        .await
+                        .with_context(|| lane.statements[k].0.clone())?;
+                    took[k] += started.elapsed().as_secs_f64();
+                }
+            }
+            anyhow::Ok((took, cancelled))
+        }
+    });
+    let mut took = vec![0.0; statements];
+    let mut cancelled = vec![0; statements];
+    for (lane_took, lane_cancelled) in futures::future::try_join_all(lanes_done).await? {
+        for k in 0..statements {
+            took[k] += lane_took[k];
+            cancelled[k] += lane_cancelled[k];
+        }
+    }
+    for (k, set) in sets.iter().enumerate() {
+        ensure!(
+            cancelled[k] == set.len() as u64,
+            "{} cancelled {} of {} orders",
+            lanes[0].statements[k].0,
+            cancelled[k],
+            set.len()
+        );
+    }
+    Ok(took)
+}
+
+/// One batch size's row from its repetitions: each statement's median cost,
+/// and the median of the repetitions' ratios to the bare UPDATE (each
+/// repetition measured all of them interleaved, so its ratio carries less
+/// of the machine's drift than the ratio of the medians would).
+pub fn summarize(batch: usize, orders: usize, samples: &[Sample]) -> CancelRow {
+    let statements = samples.first().map_or(2, Vec::len);
+    let cost = |k: usize| median(samples.iter().map(|s| s[k]).collect());
+    let ratio = |k: usize| median(samples.iter().map(|s| s[k] / s[1]).collect());
+    CancelRow {
+        batch,
+        orders,
+        cancel_us: cost(0),
+        bare_us: cost(1),
+        ratio: ratio(0),
+        also: (2..statements).map(|k| [cost(k), ratio(k)]).collect(),
+    }
+}
+
+/// The median (the mean of the middle two for an even count); NaN for none.
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => values[n / 2],
+        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+/// The figures the goals judge: the ratio at each batch size.
+pub fn measurements(rows: &[CancelRow]) -> Vec<Measurement> {
+    rows.iter()
+        .map(|r| Measurement::new(ratio_measure(r.batch), r.ratio))
         .collect()
 }
 
-async fn cancel_all(
-    store: &Arc<PgOrderStore>,
-    messages: &[ExpiryMessage],
-    batch: usize,
-    concurrency: usize,
-) -> anyhow::Result<CancelRow> {
-    let started = Instant::now();
-    let results: Vec<anyhow::Result<(usize, Duration)>> =
-        futures::stream::iter(messages.chunks(batch))
-            .map(|chunk| {
-                let store = Arc::clone(store);
-                async move {
-                    let refs: Vec<&ExpiryMessage> = chunk.iter().collect();
-                    let at = Instant::now();
-                    let dispositions = store.cancel_unpaid(&refs).await?;
-                    let took = at.elapsed();
-                    let cancelled = dispositions
-                        .iter()
-                        .filter(|d| **d == Disposition::Cancelled)
-                        .count();
-                    Ok((cancelled, took))
-                }
-            })
-            .buffer_unordered(concurrency)
-            .collect()
-            .await;
-    let wall = started.elapsed();
-    let mut cancelled = 0;
-    let mut statements = Vec::with_capacity(results.len());
-    for result in results {
-        let (n, took) = result?;
-        cancelled += n;
-        statements.push(took.as_secs_f64() * 1000.0);
-    }
-    ensure!(
-        cancelled == messages.len(),
-        "{cancelled} of {} orders cancelled at batch {batch}",
-        messages.len()
-    );
-    statements.sort_by(f64::total_cmp);
-    Ok(CancelRow {
-        batch,
-        concurrency,
-        orders: cancelled,
-        orders_per_s: cancelled as f64 / wall.as_secs_f64(),
-        us_per_order: wall.as_secs_f64() * 1e6 / cancelled as f64,
-        statement_ms: [percentile(&statements, 50.0), percentile(&statements, 99.0)],
-    })
+/// The name of the ratio's measure at `batch` (the goals' names).
+pub fn ratio_measure(batch: usize) -> String {
+    format!("cancel_sql / bare UPDATE, {batch} per statement")
 }
 
 /// The rows as a Markdown table.
-pub fn table(rows: &[CancelRow]) -> String {
-    let mut out = String::from(
-        "| orders per statement | statements at once | orders | orders/s | µs per order | statement p50 | statement p99 |\n\
-         | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+pub fn table(rows: &[CancelRow], repetitions: usize) -> String {
+    let also = rows.first().map_or(0, |r| r.also.len());
+    let mut out = format!(
+        "medians of {repetitions} repetitions; a ratio is the median of each repetition's ratio \
+         to the bare UPDATE\n\n\
+         | orders per statement | orders | cancel_sql µs per order | bare UPDATE µs per order | ratio |"
     );
+    for n in 1..=also {
+        out.push_str(&format!(" --also #{n} µs per order | ratio |"));
+    }
+    out.push_str("\n| ---: | ---: | ---: | ---: | ---: |");
+    out.push_str(&" ---: | ---: |".repeat(also));
+    out.push('\n');
     for r in rows {
         out.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {:.1} | {:.2} ms | {:.2} ms |\n",
-            r.batch,
-            r.concurrency,
-            r.orders,
-            r.orders_per_s,
-            r.us_per_order,
-            r.statement_ms[0],
-            r.statement_ms[1]
+            "| {} | {} | {:.1} | {:.1} | {:.2} |",
+            r.batch, r.orders, r.cancel_us, r.bare_us, r.ratio
         ));
+        for [us, ratio] in &r.also {
+            out.push_str(&format!(" {us:.1} | {ratio:.2} |"));
+        }
+        out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::goals::{all_met, judge};
+
+    #[test]
+    fn medians_of_odd_and_even_counts() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert!(median(Vec::new()).is_nan());
+    }
+
+    #[test]
+    fn a_ratio_is_the_median_of_each_repetitions_ratio_to_the_bare_update() {
+        // The machine slowed down in the third repetition, for all of them.
+        let samples = [
+            vec![12.0, 10.0, 20.0],
+            vec![11.0, 10.0, 30.0],
+            vec![60.0, 50.0, 50.0],
+        ];
+        let row = summarize(100, 6000, &samples);
+        assert_eq!((row.cancel_us, row.bare_us), (12.0, 10.0));
+        assert_eq!(row.ratio, 1.2);
+        assert_eq!(row.also, [[30.0, 2.0]]);
+    }
+
+    #[test]
+    fn the_goal_holds_at_batches_of_30_and_more() {
+        let row = |batch, ratio| CancelRow {
+            batch,
+            orders: 6000,
+            cancel_us: ratio * 10.0,
+            bare_us: 10.0,
+            ratio,
+            also: Vec::new(),
+        };
+        let met = [row(1, 3.0), row(10, 1.6), row(30, 1.25), row(1000, 1.1)];
+        let verdicts = judge(Bench::Cancel, &measurements(&met), false);
+        assert_eq!(verdicts.len(), 2, "batches of 1 and 10 have no goal");
+        assert!(all_met(&verdicts));
+        let missed = [row(30, 1.2), row(300, 1.26)];
+        assert!(!all_met(&judge(
+            Bench::Cancel,
+            &measurements(&missed),
+            false
+        )));
+    }
+
+    #[test]
+    fn small_batches_cancel_fewer_orders() {
+        let args = CancelArgs {
+            batch_sizes: vec![1, 1000],
+            orders: 6000,
+            statements: 300,
+            repetitions: 1,
+            concurrency: 1,
+            alter: None,
+            also: Vec::new(),
+        };
+        assert_eq!(orders_at(&args, 1), 300);
+        assert_eq!(orders_at(&args, 30), 6000);
+        assert_eq!(orders_at(&args, 1000), 6000);
+    }
 }

@@ -13,7 +13,7 @@ use order_expiry::Settings;
 use serde_json::json;
 
 use crate::goals::{self, Bench, Measurement};
-use crate::{flash, lateness, outbox, throughput};
+use crate::{cancel, flash, lateness, outbox, throughput};
 
 /// Arguments of `check`.
 #[derive(Debug, Clone, Args)]
@@ -99,6 +99,12 @@ async fn measure(settings: &Settings, bench: Bench, cli: &str) -> anyhow::Result
             println!("{}", flash::table(&report));
             report.measurements()
         }
+        Bench::Cancel => {
+            let args: cancel::CancelArgs = parse(cli)?;
+            let rows = cancel::measure(settings, &args).await?;
+            println!("{}", cancel::table(&rows, args.repetitions));
+            cancel::measurements(&rows)
+        }
     })
 }
 
@@ -178,6 +184,10 @@ mod tests {
                 flash::SalePath::Outbox
             ]
         );
+
+        let c: cancel::CancelArgs = parse(Bench::Cancel.args(false)).unwrap();
+        assert_eq!(c.batch_sizes, [1, 10, 30, 100, 300, 1000]);
+        assert_eq!((c.repetitions, c.concurrency, c.alter), (7, 1, None));
     }
 
     #[test]
@@ -192,6 +202,8 @@ mod tests {
         assert!(o.duration < Duration::from_secs(60));
         let f: flash::FlashArgs = parse(Bench::Flash.args(true)).unwrap();
         assert!(f.orders < 200_000 && f.bundles == flash::Bundles::On);
+        let c: cancel::CancelArgs = parse(Bench::Cancel.args(true)).unwrap();
+        assert!(c.orders < 20_000 && c.repetitions < 7);
         assert!(parse::<outbox::OutboxArgs>("--no-such-flag").is_err());
     }
 }

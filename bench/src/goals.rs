@@ -25,16 +25,19 @@ pub enum Bench {
     Outbox,
     /// `flash`: a flash sale on each path, bundles on.
     Flash,
+    /// `cancel`: `database.cancel_sql` against the bare UPDATE.
+    Cancel,
 }
 
 impl Bench {
     /// Every benchmark, in the order `check` runs them.
-    pub const ALL: [Bench; 5] = [
+    pub const ALL: [Bench; 6] = [
         Self::Lateness,
         Self::Burst,
         Self::Throughput,
         Self::Outbox,
         Self::Flash,
+        Self::Cancel,
     ];
 
     /// The subcommand's arguments the goals were stated for (`quick`: short
@@ -70,6 +73,11 @@ impl Bench {
             (Self::Flash, true) => {
                 "--quiet --orders 5000 --within 2s --window 10s --sweeper on --bundles on"
             }
+            // docs/src/contract/configuration.md, "A schema of your own":
+            // `order-expiry-bench cancel`, its defaults (batches of 1-1,000,
+            // 7 repetitions).
+            (Self::Cancel, false) => "",
+            (Self::Cancel, true) => "--orders 2000 --statements 50 --repetitions 3",
         }
     }
 }
@@ -82,6 +90,7 @@ impl fmt::Display for Bench {
             Self::Throughput => "throughput",
             Self::Outbox => "outbox",
             Self::Flash => "flash",
+            Self::Cancel => "cancel",
         })
     }
 }
@@ -200,6 +209,13 @@ pub const GOALS: &[Goal] = &[
     goal(Bench::Flash, "outbox: lost", Limit::Zero, "orders"),
     goal(Bench::Flash, "outbox: p99 lateness", Limit::AtMost(100.0), "ms"),
     goal(Bench::Flash, "outbox: max lateness", Limit::AtMost(1000.0), "ms"),
+    // docs/src/contract/configuration.md, "A schema of your own": the default
+    // cancel statement, with every rule it keeps, within 1.25 times the bare
+    // UPDATE on the same table at every batch of 30 orders or more.
+    goal(Bench::Cancel, "cancel_sql / bare UPDATE, 30 per statement", Limit::AtMost(1.25), ""),
+    goal(Bench::Cancel, "cancel_sql / bare UPDATE, 100 per statement", Limit::AtMost(1.25), ""),
+    goal(Bench::Cancel, "cancel_sql / bare UPDATE, 300 per statement", Limit::AtMost(1.25), ""),
+    goal(Bench::Cancel, "cancel_sql / bare UPDATE, 1000 per statement", Limit::AtMost(1.25), ""),
 ];
 
 /// The goals of one benchmark.

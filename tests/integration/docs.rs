@@ -210,6 +210,27 @@ fn the_documented_defaults_are_the_defaults() {
     assert!(wrong.is_empty(), "{wrong:#?}");
 }
 
+/// The cancel statement the Orders table page shows is the default one,
+/// word for word (whitespace aside): users copy it for their own schema.
+#[test]
+fn the_orders_table_page_shows_the_default_cancel_sql() {
+    let words = |sql: &str| sql.split_whitespace().collect::<Vec<_>>().join(" ");
+    let config = repo_file("config/default.toml");
+    let default = config
+        .split_once("cancel_sql = \"\"\"")
+        .and_then(|(_, rest)| rest.split_once("\"\"\""))
+        .map(|(sql, _)| words(sql))
+        .expect("cancel_sql in config/default.toml");
+    let page = repo_file("docs/src/contract/orders-table.md");
+    let shown: Vec<String> = page
+        .split("```sql")
+        .skip(1)
+        .filter_map(|block| block.split_once("```").map(|(sql, _)| words(sql)))
+        .filter(|sql| sql.starts_with("UPDATE orders SET status = 'cancelled'"))
+        .collect();
+    assert_eq!(shown, [default], "docs/src/contract/orders-table.md");
+}
+
 #[test]
 fn nothing_cites_design_md() {
     for file in std::iter::once("README.md".to_owned()).chain(book_pages()) {
