@@ -31,7 +31,7 @@ use crate::amqp::{self, BrokerError};
 
 /// The number of levels of the ladder the broker has under `ladder`'s prefix:
 /// `None` when it has none, else the count from level 0 up to the first level
-/// exchange missing. Two looks when it matches `ladder`, up to 24 otherwise.
+/// exchange missing. Two looks when it matches `ladder`, up to 30 otherwise.
 pub(super) async fn levels_on_broker(
     connection: &Connection,
     ladder: &Ladder,

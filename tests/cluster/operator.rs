@@ -192,9 +192,9 @@ async fn parked_replay_carries_on_when_its_node_dies() {
 async fn topology_apply_carries_on_when_its_node_dies() {
     let _back = NodesBack;
     let world = ClusterWorld::new("topology apply, its node killed", 1).await;
-    // A new prefix with the most levels RabbitMQ's TTL allows (2^22 s on
-    // the top one): declaring its 26 quorum queues takes over a second.
-    const MOST: u8 = 23;
+    // A new prefix with the most levels a ladder may have (2^28 s on the
+    // top one): declaring its 32 quorum queues takes over a second.
+    const MOST: u8 = 29;
     let mut fresh = world.settings.clone();
     fresh.topology.prefix = format!("{}-fresh", world.settings.topology.prefix);
     fresh.topology.levels = MOST;
