@@ -4,10 +4,12 @@
 
 use std::time::Duration;
 
+use secrecy::{ExposeSecret, SecretString};
 use tokio::time::Instant;
 
 use super::bounded::is_connection_lost;
 use super::{BrokerError, ConnectError};
+use crate::settings::url_list;
 
 /// An error that says whether the node it came from was lost (went away or
 /// stopped answering), rather than refusing or failing for good.
@@ -59,6 +61,10 @@ const RESUME_PAUSE: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 pub(crate) struct Resume {
     what: &'static str,
+    /// Whether `amqp.url` lists another node to carry on through: with one
+    /// URL a loss is final, as a broker without its majority must be
+    /// reported at once (`tests/cluster/minority.rs`).
+    another_node: bool,
     connected: bool,
     attempt_started: Instant,
     lost_at: Option<Instant>,
@@ -70,6 +76,7 @@ impl Resume {
     pub(crate) fn new(what: &'static str) -> Self {
         Self {
             what,
+            another_node: false,
             connected: false,
             attempt_started: Instant::now(),
             lost_at: None,
@@ -85,6 +92,13 @@ impl Resume {
         }
     }
 
+    /// For work on the brokers of `urls`: resumed only when they are
+    /// several.
+    pub(crate) fn through(mut self, urls: &SecretString) -> Self {
+        self.another_node = url_list(urls.expose_secret()).nth(1).is_some();
+        self
+    }
+
     /// The work has connected to a node.
     pub(crate) fn connected(&mut self) {
         self.connected = true;
@@ -93,7 +107,7 @@ impl Resume {
     /// After a failed attempt: `Ok` (after a pause) when the next attempt
     /// should be made, else the error to give up with.
     pub(crate) async fn after<E: NodeLost>(&mut self, error: E) -> Result<(), E> {
-        if !self.connected || !error.is_node_lost() {
+        if !self.another_node || !self.connected || !error.is_node_lost() {
             return Err(error);
         }
         let now = Instant::now();
@@ -118,6 +132,10 @@ impl Resume {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn two_nodes() -> SecretString {
+        SecretString::from("amqp://a:5672/%2f,amqp://b:5672/%2f")
+    }
 
     fn timeout() -> BrokerError {
         BrokerError::Timeout {
@@ -159,7 +177,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_lost_node_is_tried_again_for_a_minute_then_given_up() {
-        let mut resume = Resume::connected_already("test");
+        let mut resume = Resume::connected_already("test").through(&two_nodes());
         let start = Instant::now();
         let mut attempts = 1;
         while resume.after(timeout()).await.is_ok() {
@@ -174,13 +192,15 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_refusal_is_not_tried_again() {
-        let mut resume = Resume::connected_already("test");
+        let mut resume = Resume::connected_already("test").through(&two_nodes());
         assert!(resume.after(refused()).await.is_err());
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_broker_never_reached_is_not_tried_again() {
-        let mut resume = Resume::new("test");
+    async fn one_url_or_a_broker_never_reached_is_not_tried_again() {
+        let mut alone = Resume::connected_already("test").through(&SecretString::from("amqp://a"));
+        assert!(alone.after(timeout()).await.is_err());
+        let mut resume = Resume::new("test").through(&two_nodes());
         assert!(resume.after(timeout()).await.is_err());
         resume.connected();
         assert!(resume.after(timeout()).await.is_ok());
@@ -188,7 +208,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_long_attempt_between_two_losses_starts_a_new_minute() {
-        let mut resume = Resume::connected_already("test");
+        let mut resume = Resume::connected_already("test").through(&two_nodes());
         assert!(resume.after(timeout()).await.is_ok());
         tokio::time::sleep(Duration::from_secs(50)).await;
         assert!(resume.after(timeout()).await.is_ok());

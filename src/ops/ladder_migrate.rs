@@ -224,7 +224,8 @@ impl LadderMigration {
 
     /// Messages in each old queue now (`None`: it does not exist).
     pub async fn count(&mut self) -> Result<Vec<(String, Option<u32>)>, OpsError> {
-        let mut resume = Resume::connected_already("ladder migrate --dry-run");
+        let mut resume =
+            Resume::connected_already("ladder migrate --dry-run").through(&self.settings.amqp.url);
         loop {
             match self.count_once().await {
                 Ok(found) => return Ok(found),
@@ -251,7 +252,8 @@ impl LadderMigration {
     pub async fn run(&mut self) -> Result<LadderMigrationReport, OpsError> {
         let start = Instant::now();
         let mut report = LadderMigrationReport::default();
-        let mut resume = Resume::connected_already("ladder migrate");
+        let mut resume =
+            Resume::connected_already("ladder migrate").through(&self.settings.amqp.url);
         let mut lost = false;
         loop {
             match self.attempt(lost, &mut report).await {
@@ -297,7 +299,8 @@ impl LadderMigration {
     /// Each step can be done again, so a lost node is resumed as in
     /// [`Self::run`].
     pub async fn delete_old(&mut self) -> Result<(Vec<String>, LadderMigrationReport), OpsError> {
-        let mut resume = Resume::connected_already("ladder migrate --delete-old");
+        let mut resume = Resume::connected_already("ladder migrate --delete-old")
+            .through(&self.settings.amqp.url);
         let mut lost = false;
         loop {
             match self.delete_old_once(lost).await {

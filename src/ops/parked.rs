@@ -87,7 +87,7 @@ impl Parked {
 
     /// Messages in the queue now; an error when it does not exist.
     pub async fn depth(&mut self) -> Result<u32, OpsError> {
-        let mut resume = Resume::connected_already("parked");
+        let mut resume = Resume::connected_already("parked").through(&self.settings.amqp.url);
         loop {
             match self.depth_once().await {
                 Ok(depth) => return Ok(depth),
@@ -108,7 +108,7 @@ impl Parked {
 
     /// Up to `limit` messages, oldest first; they all stay parked.
     pub async fn list(&mut self, limit: u32) -> Result<Vec<ParkedMessage>, OpsError> {
-        let mut resume = Resume::connected_already("parked list");
+        let mut resume = Resume::connected_already("parked list").through(&self.settings.amqp.url);
         loop {
             match self.list_once(limit).await {
                 Ok(listed) => return Ok(listed),
@@ -134,7 +134,8 @@ impl Parked {
     /// After a lost node, the next attempt fetches again what the last one
     /// had not moved.
     pub async fn replay(&mut self, selection: &ReplaySelection) -> Result<ReplayReport, OpsError> {
-        let mut resume = Resume::connected_already("parked replay");
+        let mut resume =
+            Resume::connected_already("parked replay").through(&self.settings.amqp.url);
         let mut report = ReplayReport::default();
         loop {
             match self.replay_once(selection, &mut report).await {
@@ -215,7 +216,7 @@ impl Parked {
 
     /// Deletes every parked message; how many there were.
     pub async fn purge(&mut self) -> Result<u32, OpsError> {
-        let mut resume = Resume::connected_already("parked purge");
+        let mut resume = Resume::connected_already("parked purge").through(&self.settings.amqp.url);
         loop {
             match self.purge_once().await {
                 Ok(purged) => return Ok(purged),

@@ -167,7 +167,7 @@ impl Status {
     /// broker cannot be reached; a database failure is reported inside.
     pub async fn collect(settings: &Settings, margin: Duration) -> Result<Self, OpsError> {
         let ladder = settings.ladder()?;
-        let mut resume = Resume::new("status");
+        let mut resume = Resume::new("status").through(&settings.amqp.url);
         let (levels, due, parked) = loop {
             let looked = async {
                 let mut admin = Admin::open(settings, "order-expiry status").await?;

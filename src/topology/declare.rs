@@ -105,7 +105,7 @@ impl Topology {
     ) -> Result<(Self, Vec<KeptQueue>), TopologyError> {
         let ladder = settings.ladder()?;
         let topology = Self::describe(&ladder, &settings.topology);
-        let mut resume = Resume::new("topology apply");
+        let mut resume = Resume::new("topology apply").through(&settings.amqp.url);
         loop {
             let declared = topology.declare_once(settings, &ladder, connection_name, &mut resume);
             match declared.await {
