@@ -52,12 +52,22 @@
 #   scripts/lib/cluster.sh start N       bring node N back; it rejoins from its data dir
 #                                        (joined afresh if its data was wiped). With both
 #                                        other nodes down, use `up` instead (see above)
+#   scripts/lib/cluster.sh cut A B       a network partition between nodes A and B: their
+#                                        distribution packets dropped, both ways (nftables);
+#                                        AMQP and the CLI still reach both
+#   scripts/lib/cluster.sh isolate N [--amqp]
+#                                        cut node N from the other two; with --amqp, also
+#                                        drop every AMQP packet to and from it (no client
+#                                        reaches it either)
+#   scripts/lib/cluster.sh heal          remove every cut
+#   scripts/lib/cluster.sh cuts          list the cuts in force
 #   scripts/lib/cluster.sh wipe          down, then delete the three nodes' data
 #   scripts/lib/cluster.sh env           print CLUSTER_* for eval
 #
 # Sourced: defines cluster_up, cluster_down, cluster_status, cluster_ctl N ...,
 # cluster_kill N, cluster_pause N, cluster_resume N, cluster_stop N,
-# cluster_start N, cluster_wipe, cluster_pid N, and CLUSTER_NAME (rabbit43c or
+# cluster_start N, cluster_cut A B, cluster_isolate N [--amqp], cluster_heal,
+# cluster_wipe, cluster_pid N, and CLUSTER_NAME (rabbit43c or
 # rabbit4c), CLUSTER_NODES (array of node names), CLUSTER_PORTS (AMQP ports),
 # CLUSTER_URLS (amqp://guest:guest@127.0.0.1:PORT/%2f). Like rabbitmq4.sh it
 # changes no shell option of the caller and calls `die` (exit) on failure.
@@ -69,6 +79,26 @@
 # since RabbitMQ 3.10 (client-local | balanced) and works on 4.0.5 and 4.3.6:
 # six quorum queues declared through node 1 with it got leaders 2/2/2 on the
 # three nodes, while six without it all had their leader on node 1.
+
+# Partitions. All three nodes share 127.0.0.1 and the host's epmd, and a node
+# dials a peer from an ephemeral port, so a port alone cannot tell which node
+# sent a packet. Each node therefore dials its peers from an address of its
+# own (CLUSTER_DIAL_FROM: node N from 127.0.0.N+1, all loopback on Linux;
+# -kernel inet_dist_connect_options), while listening on 127.0.0.1:DIST as
+# before. A connection from node A to node B is then exactly the packets from
+# A's address to B's distribution port and from B's port back to A's address:
+# `cut A B` drops those and the reverse pair in an nftables table of its own
+# (inet order_expiry_cluster), on the output hook, which every loopback packet
+# passes. Dropped, not rejected: as on a real network, the peers notice only
+# when net_ticktime passes without a tick (10 s in deploy/rabbitmq/
+# advanced.config: 7.5-12.5 s), and a new connection attempt hangs until
+# net_setuptime. epmd (its own port) and the CLI (which dials from 127.0.0.1)
+# are not cut, so each side can still be asked what it sees. `heal` deletes the
+# table; the nodes reconnect at their next attempt.
+#
+# Measured on 4.3.6 (docs/src/results/cluster.md): with node N isolated, both
+# sides list the other as not running within net_ticktime, and they see each
+# other again within seconds of the heal.
 
 _cluster_lib_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=scripts/lib/rabbitmq4.sh
@@ -87,6 +117,7 @@ case $RMQ4_SUITE in
     CLUSTER_DIST_PORTS=(25695 25696 25697)
     ;;
 esac
+CLUSTER_DIAL_FROM=(127.0.0.2 127.0.0.3 127.0.0.4)
 CLUSTER_NODES=("${CLUSTER_NAME}1@localhost" "${CLUSTER_NAME}2@localhost" "${CLUSTER_NAME}3@localhost")
 CLUSTER_URLS=(
   "amqp://guest:guest@127.0.0.1:${CLUSTER_PORTS[0]}/%2f"
@@ -94,23 +125,24 @@ CLUSTER_URLS=(
   "amqp://guest:guest@127.0.0.1:${CLUSTER_PORTS[2]}/%2f"
 )
 
-# _cluster_node N: sets _name, _amqp, _dist for node N (1..3).
+# _cluster_node N: sets _name, _amqp, _dist, _from for node N (1..3).
 _cluster_node() {
   [[ "${1:-}" =~ ^[123]$ ]] || die "cluster node must be 1, 2 or 3, not '${1:-}'"
   _name=$CLUSTER_NAME$1
   _amqp=${CLUSTER_PORTS[$1 - 1]}
   _dist=${CLUSTER_DIST_PORTS[$1 - 1]}
+  _from=${CLUSTER_DIAL_FROM[$1 - 1]}
 }
 
 cluster_ctl() {
-  local _name _amqp _dist
+  local _name _amqp _dist _from
   _cluster_node "${1:-}"
   shift
   rmq4_node_ctl "$_name" "$@"
 }
 
 cluster_pid() {
-  local _name _amqp _dist
+  local _name _amqp _dist _from
   _cluster_node "${1:-}"
   rmq4_node_pid "$_name"
 }
@@ -158,13 +190,13 @@ _cluster_wait_running() {
 }
 
 cluster_up() {
-  local t0=$SECONDS n _name _amqp _dist
+  local t0=$SECONDS n _name _amqp _dist _from
   rmq4_prepare
   _cluster_resume_paused
   # All three at once: after a full stop each node waits for its peers' tables.
   for n in 1 2 3; do
     _cluster_node "$n"
-    rmq4_node_ensure_launched "$_name" "$_amqp" "$_dist"
+    rmq4_node_ensure_launched "$_name" "$_amqp" "$_dist" "$_from"
   done
   for n in 1 2 3; do
     _cluster_node "$n"
@@ -178,11 +210,11 @@ cluster_up() {
 }
 
 cluster_start() {
-  local n=${1:-} t0=$SECONDS _name _amqp _dist running
+  local n=${1:-} t0=$SECONDS _name _amqp _dist _from running
   _cluster_node "$n"
   rmq4_prepare
   if cluster_pid "$n" >/dev/null; then cluster_resume "$n"; fi
-  rmq4_node_ensure_launched "$_name" "$_amqp" "$_dist"
+  rmq4_node_ensure_launched "$_name" "$_amqp" "$_dist" "$_from"
   rmq4_node_wait "$_name" "$_amqp"
   if [[ "$n" != 1 ]] && cluster_pid 1 >/dev/null; then
     _cluster_join "$n"
@@ -197,7 +229,7 @@ cluster_start() {
 }
 
 cluster_stop() {
-  local _name _amqp _dist pid
+  local _name _amqp _dist _from pid
   _cluster_node "${1:-}"
   if pid=$(rmq4_node_pid "$_name") && [[ "$(_cluster_proc_state "$pid")" == T ]]; then
     cluster_resume "$1"
@@ -206,7 +238,7 @@ cluster_stop() {
 }
 
 cluster_kill() {
-  local _name _amqp _dist
+  local _name _amqp _dist _from
   _cluster_node "${1:-}"
   rmq4_node_kill "$_name"
 }
@@ -219,7 +251,7 @@ cluster_kill() {
 # CLI. The beam's helper processes (erl_child_setup, inet_gethost) are left
 # alone; they do nothing without it.
 cluster_pause() {
-  local _name _amqp _dist pid
+  local _name _amqp _dist _from pid
   _cluster_node "${1:-}"
   pid=$(rmq4_node_pid "$_name") || die "$_name@localhost is not running: nothing to pause"
   log "SIGSTOP $_name@localhost (pid $pid)"
@@ -233,7 +265,7 @@ cluster_pause() {
 
 # SIGCONT of node N's beam (a no-op on a running node).
 cluster_resume() {
-  local _name _amqp _dist pid
+  local _name _amqp _dist _from pid
   _cluster_node "${1:-}"
   pid=$(rmq4_node_pid "$_name") || die "$_name@localhost is not running: nothing to resume"
   [[ "$(_cluster_proc_state "$pid")" == T ]] && log "SIGCONT $_name@localhost (pid $pid)"
@@ -266,6 +298,71 @@ cluster_down() {
   for n in 3 2 1; do cluster_stop "$n"; done
 }
 
+# ---------------------------------------------------------------- cuts ----
+
+_CLUSTER_NFT_TABLE="inet order_expiry_cluster"
+
+_cluster_nft_ready() {
+  # scripts/test installs it with the other tools (scripts/lib/services.sh).
+  command -v nft >/dev/null || die "nft is missing; as root: apt-get install nftables"
+  nft add table $_CLUSTER_NFT_TABLE || die "nft: cannot add table $_CLUSTER_NFT_TABLE"
+  nft add chain $_CLUSTER_NFT_TABLE output '{ type filter hook output priority 0; policy accept; }' ||
+    die "nft: cannot add the output chain"
+}
+
+# A partition between nodes A and B: both connections' packets dropped.
+cluster_cut() {
+  local a=${1:-} b=${2:-} _name _amqp _dist _from from_a dist_a
+  [[ $a != "$b" ]] || die "cut: two different nodes, not '$a' and '$b'"
+  _cluster_node "$a"
+  from_a=$_from dist_a=$_dist
+  _cluster_node "$b"
+  _cluster_nft_ready
+  local rule
+  for rule in \
+    "ip saddr $from_a tcp dport $_dist" "ip daddr $from_a tcp sport $_dist" \
+    "ip saddr $_from tcp dport $dist_a" "ip daddr $_from tcp sport $dist_a"; do
+    nft "add rule $_CLUSTER_NFT_TABLE output $rule counter drop comment \"cut $a-$b\"" ||
+      die "nft: cannot add '$rule'"
+  done
+  log "cut: ${CLUSTER_NODES[$a - 1]} <-/-> ${CLUSTER_NODES[$b - 1]}"
+}
+
+# Node N cut from both others; with --amqp, no client reaches it either.
+cluster_isolate() {
+  local n=${1:-} other rule _name _amqp _dist _from
+  _cluster_node "$n"
+  for other in 1 2 3; do
+    [[ $other == "$n" ]] || cluster_cut "$n" "$other"
+  done
+  if [[ ${2:-} == --amqp ]]; then
+    _cluster_node "$n"
+    for rule in "tcp dport $_amqp" "tcp sport $_amqp"; do
+      nft "add rule $_CLUSTER_NFT_TABLE output $rule counter drop comment \"amqp $n\"" ||
+        die "nft: cannot add '$rule'"
+    done
+    log "cut: every AMQP packet to and from ${CLUSTER_NODES[$n - 1]}"
+  elif [[ -n ${2:-} ]]; then
+    die "isolate N [--amqp], not '$2'"
+  fi
+}
+
+# Every cut gone: the nodes reconnect at their next attempt.
+cluster_heal() {
+  command -v nft >/dev/null || return 0
+  if nft list table $_CLUSTER_NFT_TABLE >/dev/null 2>&1; then
+    nft delete table $_CLUSTER_NFT_TABLE || die "nft: cannot delete table $_CLUSTER_NFT_TABLE"
+    log "healed: every cut removed"
+  fi
+}
+
+# The cuts in force, one rule a line with its packet count.
+cluster_cuts() {
+  command -v nft >/dev/null || return 0
+  nft list chain $_CLUSTER_NFT_TABLE output 2>/dev/null | grep -E 'drop' | sed 's/^[[:space:]]*//'
+  return 0
+}
+
 cluster_wipe() {
   local n
   cluster_down
@@ -276,7 +373,7 @@ cluster_wipe() {
 }
 
 cluster_status() {
-  local n _name _amqp _dist any=0
+  local n _name _amqp _dist _from any=0
   if ! rmq4_ready; then
     echo "no chroot at $RMQ4_ROOT (scripts/lib/rabbitmq4.sh ensure makes it)"
     return 1
@@ -314,6 +411,10 @@ _cluster_main() {
     pid) cluster_pid "${1:-}" ;;
     pause) cluster_pause "${1:-}" ;;
     resume) cluster_resume "${1:-}" ;;
+    cut) cluster_cut "${1:-}" "${2:-}" ;;
+    isolate) cluster_isolate "${1:-}" "${2:-}" ;;
+    heal) cluster_heal ;;
+    cuts) cluster_cuts ;;
     wipe) cluster_wipe ;;
     env) cluster_env ;;
     *)

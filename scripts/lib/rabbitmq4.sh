@@ -384,9 +384,13 @@ EOF
 }
 
 # Start NAME's beam in the background (detached from the caller's session)
-# and return at once; rmq4_node_wait waits for it.
+# and return at once; rmq4_node_wait waits for it. DIAL_FROM (optional, an
+# address of 127.0.0.0/8) is the source address of the node's outgoing
+# distribution connections: scripts/lib/cluster.sh gives each node its own, so
+# that a packet filter can tell the nodes apart (its `cut`). Its listener stays
+# on 127.0.0.1.
 rmq4_node_launch() {
-  local name=$1 amqp=$2 dist=$3 dir hostdir
+  local name=$1 amqp=$2 dist=$3 dial_from=${4:-} dir hostdir
   dir=$(_rmq4_node_dir "$name")
   hostdir=$RMQ4_ROOT$dir
   if rmq4_node_pid "$name" >/dev/null; then
@@ -399,6 +403,16 @@ rmq4_node_launch() {
   local _rmq4_env _rmq4_sched=${ORDER_EXPIRY_RMQ4_SCHEDULERS:-1}
   [[ $_rmq4_sched =~ ^[1-9][0-9]*$ ]] || die "ORDER_EXPIRY_RMQ4_SCHEDULERS must be a positive number, not $_rmq4_sched"
   _rmq4_base_env
+  # One scheduler per node: up to five brokers share 2 cores. A benchmark
+  # of the single node sets ORDER_EXPIRY_RMQ4_SCHEDULERS=2, so that it has
+  # the cores the system 3.10 node (Erlang's default, one per core) has.
+  local erl_args="+S $_rmq4_sched:$_rmq4_sched +SDcpu $_rmq4_sched:$_rmq4_sched -kernel inet_dist_use_interface {127,0,0,1}"
+  if [[ -n $dial_from ]]; then
+    [[ $dial_from =~ ^127\.[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "a node dials from a loopback address, not '$dial_from'"
+    # rabbitmq-server splits these words unquoted: the term has no spaces,
+    # and its [...] globs nothing in the chroot's / (no one-letter names).
+    erl_args+=" -kernel inet_dist_connect_options [{ip,{${dial_from//./,}}}]"
+  fi
   _rmq4_env+=(
     ORDER_EXPIRY_RMQ4_INSTANCE="$name"
     RABBITMQ_NODENAME="$name@localhost"
@@ -409,10 +423,7 @@ rmq4_node_launch() {
     RABBITMQ_MNESIA_BASE="$dir/mnesia"
     RABBITMQ_LOG_BASE="$dir/log"
     RABBITMQ_PID_FILE="$dir/$name.pid"
-    # One scheduler per node: up to five brokers share 2 cores. A benchmark
-    # of the single node sets ORDER_EXPIRY_RMQ4_SCHEDULERS=2, so that it has
-    # the cores the system 3.10 node (Erlang's default, one per core) has.
-    RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="+S $_rmq4_sched:$_rmq4_sched +SDcpu $_rmq4_sched:$_rmq4_sched -kernel inet_dist_use_interface {127,0,0,1}"
+    RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="$erl_args"
   )
   printf '\n=== %s start %s\n' "$(date -Is)" "$name" >>"$hostdir/console.log"
   # setsid -f: own session, so neither the caller's job control, its process
@@ -440,9 +451,10 @@ rmq4_node_wait() {
 }
 
 # Launch NAME unless it runs, under a per-node lock so that concurrent
-# callers launch it once; does not wait for it.
+# callers launch it once; does not wait for it. DIAL_FROM as for
+# rmq4_node_launch.
 rmq4_node_ensure_launched() {
-  local name=$1 amqp=$2 dist=$3 fd mfd t0
+  local name=$1 amqp=$2 dist=$3 dial_from=${4:-} fd mfd t0
   exec {fd}>"$RMQ4_ROOT$RMQ4_DATA/.$name.lock" || die "cannot open the lock for $name"
   flock "$fd" || die "cannot lock $name"
   if ! rmq4_node_pid "$name" >/dev/null; then
@@ -451,7 +463,7 @@ rmq4_node_ensure_launched() {
     flock "$mfd" || die "cannot lock $RMQ4_ROOT.mounts.lock"
     _rmq4_mounts_up
     # The broker must not inherit (and so hold) the locks.
-    rmq4_node_launch "$name" "$amqp" "$dist" {fd}>&- {mfd}>&-
+    rmq4_node_launch "$name" "$amqp" "$dist" "$dial_from" {fd}>&- {mfd}>&-
     # Keep a concurrent last-node stop from unmounting /proc under us until
     # the new node's processes are inside the chroot.
     t0=$SECONDS

@@ -271,6 +271,9 @@ ensure_tools() {
   command -v openssl >/dev/null || apt_install openssl
   # The clock tests run serve with its clock moved by libfaketime.
   [[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ]] || apt_install faketime
+  # The partition tests cut links between cluster nodes with nft
+  # (scripts/lib/cluster.sh cut).
+  command -v nft >/dev/null || apt_install nftables
 }
 
 ensure_services() {
