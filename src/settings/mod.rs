@@ -86,6 +86,14 @@ pub struct AmqpSettings {
     /// 60 s). The consumer leaves a hung node within about twice this.
     #[serde(rename = "heartbeat_ms", with = "millis")]
     pub heartbeat: Duration,
+    /// How often `serve` asks its broker node to re-declare the due binding
+    /// (`probe_interval_ms`; 0: never). A node cut off from its cluster's
+    /// majority keeps its connections and answers heartbeats, but no declare
+    /// (RabbitMQ 4.x: the metadata store is Raft) and no delivery from a queue
+    /// led elsewhere; no answer within [`Self::timeout`] ends the session, and
+    /// the next one connects through the next URL.
+    #[serde(rename = "probe_interval_ms", with = "millis")]
+    pub probe_interval: Duration,
     /// PEM file of the CA certificate(s) that sign the broker's certificate, for
     /// `amqps://` with a private CA; the system roots are trusted as well. Read
     /// on every (re)connect, so a rotated file is picked up without a restart.

@@ -19,6 +19,12 @@ impl<A: Action> Session<'_, A> {
         self.link.close().await;
     }
 
+    /// Leaves the node without closing each consumer and channel (see
+    /// `Link::abandon`); nothing is acked, so every delivery comes back.
+    pub(super) fn abandon(self) {
+        self.link.abandon();
+    }
+
     /// Waits for work in flight (bounded), then acks every finished delivery.
     async fn drain(&mut self) {
         let drain = self.consumer.settings.drain_timeout;

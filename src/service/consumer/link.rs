@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
@@ -32,6 +33,9 @@ pub(super) struct Link {
     /// (`topology.catch_up_after_ms` > 0), and its consumer tag.
     catch_up: Option<(lapin::Consumer, String)>,
     outbound: Outbound,
+    /// Where the probe declares (`probe.rs`): a channel of its own, so that
+    /// neither a slow answer nor a refusal touches the others.
+    probe: Channel,
     /// `amqp.timeout_ms`: bounds every call on the broker.
     timeout: Duration,
 }
@@ -57,12 +61,13 @@ impl Link {
             let outbound =
                 amqp::bounded("channel.open", timeout, connection.create_channel()).await?;
             let outbound = amqp::Confirms::select(outbound, timeout).await?;
+            let probe = amqp::bounded("channel.open", timeout, connection.create_channel()).await?;
             let (deliveries, tag) = subscribe(&channel, &consumer.ladder, timeout).await?;
             let catch_up = subscribe_catch_up(&channel, consumer, timeout).await?;
-            Ok::<_, SessionError>((channel, outbound, deliveries, tag, catch_up))
+            Ok::<_, SessionError>((channel, outbound, probe, deliveries, tag, catch_up))
         }
         .await;
-        let (channel, outbound, deliveries, tag, catch_up) = match set_up {
+        let (channel, outbound, probe, deliveries, tag, catch_up) = match set_up {
             Ok(parts) => parts,
             Err(error) => {
                 amqp::close_failed(&connection, timeout).await;
@@ -85,8 +90,16 @@ impl Link {
                 observer: consumer.observer.clone(),
                 clock: consumer.clock.clone(),
             },
+            probe,
             timeout,
         })
+    }
+
+    /// A probe of the node (`probe.rs`): the first binding of `own_part`
+    /// (the due exchange to the due queue) declared again on the probe's
+    /// channel.
+    pub(super) fn probe(&self, own_part: &Topology) -> BoxFuture<'static, Result<(), BrokerError>> {
+        Box::pin(own_part.probe_on(self.probe.clone(), self.timeout))
     }
 
     /// Where parks and re-queues are published.
@@ -160,7 +173,21 @@ impl Link {
         }
     }
 
-    /// Closes both channels, then the connection: every unacked delivery goes
+    /// Leaves the connection to close in the background, without a word on
+    /// each channel: for a node that answers nothing for its cluster (the
+    /// probe), where each of those, and the close itself, waits out its whole
+    /// timeout (measured: 10 s for the close on RabbitMQ 4.3.6). The broker
+    /// closes the channels with it; what they held goes back once the queues
+    /// hear of it.
+    pub(super) fn abandon(self) {
+        let (connection, timeout) = (self.connection, self.timeout);
+        tokio::spawn(async move {
+            let closing = connection.close(200, "node probe failed".into());
+            let _ = amqp::bounded("connection.close", timeout, closing).await;
+        });
+    }
+
+    /// Closes the channels, then the connection: every unacked delivery goes
     /// back to the queue.
     pub(super) async fn close(self) {
         let timeout = self.timeout;
@@ -172,6 +199,8 @@ impl Link {
             .channel()
             .close(200, "shutdown".into());
         let _ = amqp::bounded("channel.close", timeout, outbound).await;
+        let probe = self.probe.close(200, "shutdown".into());
+        let _ = amqp::bounded("channel.close", timeout, probe).await;
         let connection = self.connection.close(200, "shutdown".into());
         let _ = amqp::bounded("connection.close", timeout, connection).await;
     }

@@ -48,6 +48,7 @@ mod link;
 mod outage;
 mod outbound;
 mod pass;
+mod probe;
 mod repair;
 mod retries;
 mod session;
@@ -275,7 +276,12 @@ impl<A: Action> Consumer<A> {
         if session.worked || (end.is_err() && session.age() >= self.amqp.reconnect_max) {
             backoff.reset();
         }
-        session.close(end.is_ok()).await;
+        match &end {
+            // Cut off from its cluster: a closing word per channel would each
+            // wait out the timeout there.
+            Err(SessionError::NodeProbe(_)) => session.abandon(),
+            _ => session.close(end.is_ok()).await,
+        }
         end
     }
 }

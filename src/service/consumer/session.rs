@@ -32,7 +32,7 @@ use lapin::message::Delivery;
 use thiserror::Error;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::Consumer;
 use super::acks::State;
@@ -41,6 +41,7 @@ use super::backlog::Backlog;
 use super::link::Link;
 use super::outage::Outage;
 use super::pass::{ParkedOrder, Pass};
+use super::probe::{Probe, Probed};
 use super::retries::{Retries, Retry};
 use super::unacked::Unacked;
 use super::work::{Done, InFlight, Pending, expire_work};
@@ -68,6 +69,8 @@ pub(super) enum SessionError {
     Ack(lapin::Error),
     #[error("an ack was not sent: channel closed")]
     AckNotSent,
+    #[error("the broker node did not answer the probe: {0}")]
+    NodeProbe(BrokerError),
 }
 
 /// How far apart the due times of one delivery's orders may be to be
@@ -89,6 +92,8 @@ enum Event {
     CatchUp(Option<lapin::Result<Delivery>>),
     /// The catch-up lane may take more.
     CatchUpRate,
+    /// The node probe is due, or answered.
+    Probe(Probed),
 }
 
 /// Which queue a delivery came from.
@@ -110,6 +115,8 @@ pub(super) struct Session<'a, A> {
     pub(super) in_flight: InFlight,
     pub(super) retries: Retries,
     pub(super) outage: Outage,
+    /// Whether the node still acts for its cluster (`probe.rs`).
+    probe: Probe,
     /// Whether any work succeeded: the connection is good.
     pub(super) worked: bool,
     /// Orders of the catch-up lane last reported in its gauge.
@@ -134,6 +141,7 @@ impl<'a, A: Action> Session<'a, A> {
             in_flight: InFlight::new(),
             retries: Retries::new(settings.retry_initial, settings.retry_max),
             outage: Outage::new(settings.retry_initial, settings.outage_retry_max),
+            probe: Probe::new(consumer.amqp.probe_interval),
             worked: false,
             catch_up_reported: 0,
             started: Instant::now(),
@@ -159,6 +167,7 @@ impl<'a, A: Action> Session<'a, A> {
                 Event::CatchUp(delivery) => self.on_delivery(delivery, Lane::CatchUp).await?,
                 // The catch-up lane's rate allows more: start_batches takes it.
                 Event::CatchUpRate => {}
+                Event::Probe(probed) => self.on_probe(probed)?,
             }
         }
     }
@@ -182,6 +191,8 @@ impl<'a, A: Action> Session<'a, A> {
         let catch_up = retry_at.is_none() && self.backlog.wants_catch_up(settings.batch_max);
         let (in_flight, backlog) = (&mut self.in_flight, &mut self.backlog);
         let retries = &mut self.retries;
+        let probing = self.probe.is_on();
+        let probe = &mut self.probe;
         let (mut due, mut catching_up) = self.link.streams();
         tokio::select! {
             biased;
@@ -193,6 +204,26 @@ impl<'a, A: Action> Session<'a, A> {
             delivery = due.next(), if retry_at.is_none() => Event::Delivery(delivery),
             _ = sleep_until(rate_wait), if rate_wait.is_some() => Event::CatchUpRate,
             delivery = catching_up.next(), if catch_up => Event::CatchUp(delivery),
+            probed = probe.next(), if probing => Event::Probe(probed),
+        }
+    }
+
+    /// Sends the node probe when due; a probe that got no answer ends the
+    /// session, so that the next one connects through another node.
+    fn on_probe(&mut self, probed: Probed) -> Result<(), SessionError> {
+        match probed {
+            Probed::Due => {
+                let probe = self.link.probe(&self.consumer.own_part);
+                self.probe.start(probe);
+                Ok(())
+            }
+            Probed::Answered(Ok(())) => Ok(()),
+            Probed::Answered(Err(error)) => {
+                warn!(target: CONSUMER, %error,
+                    "the broker node did not answer the probe (cut off from its cluster?): \
+                     connecting through the next node");
+                Err(SessionError::NodeProbe(error))
+            }
         }
     }
 
