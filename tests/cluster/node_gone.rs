@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{TimeDelta, Utc};
-use order_expiry_testkit::{Endpoint, Served};
+use order_expiry_testkit::{Endpoint, Lateness, sum_metric};
 
 use crate::support::{
     ClusterWorld, Figures, NodesBack, kill, orders_on, pause, resume, rows, start,
@@ -156,7 +156,12 @@ pub(crate) async fn from_due(name: &'static str, fault: Gone, http: bool, bound:
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
-    let held = held_up(&world, &ledger, fault_wall).await;
+    let rows = rows(&world).await;
+    let held = format!(
+        "lateness from due: orders due after the fault {}; all {}",
+        Lateness::of(&ledger, &rows, |o| o.due_at > fault_wall),
+        Lateness::of(&ledger, &rows, |_| true),
+    );
     let reconnects = sum_metric(&serves, "order_expiry_reconnects_total").await;
     figures.print(
         name,
@@ -183,43 +188,4 @@ pub(crate) async fn from_due(name: &'static str, fault: Gone, http: bool, bound:
     drop(serves);
     drop(endpoint);
     world.cleanup().await;
-}
-
-/// How many cancels came more than 2 s after their due time, and the p99 of
-/// lateness from due over all cancels.
-async fn held_up(
-    world: &ClusterWorld,
-    ledger: &crate::support::Ledger,
-    since: chrono::DateTime<Utc>,
-) -> String {
-    let rows = rows(world).await;
-    let mut late: Vec<f64> = ledger
-        .orders
-        .iter()
-        .filter_map(|o| {
-            rows[&o.id]
-                .cancelled_at
-                .map(|c| c - rows[&o.id].pay_deadline)
-        })
-        .filter_map(|d| d.to_std().ok())
-        .map(|d| d.as_secs_f64())
-        .collect();
-    late.sort_by(f64::total_cmp);
-    let p99 = late
-        .get(late.len().saturating_sub(1) * 99 / 100)
-        .copied()
-        .unwrap_or(0.0);
-    let over = late.iter().filter(|&&l| l > 2.0).count();
-    let due_after = ledger.orders.iter().filter(|o| o.due_at > since).count();
-    format!(
-        "lateness from due p99 {p99:.1} s; {over} cancels more than 2 s late; {due_after} orders due after the fault"
-    )
-}
-
-async fn sum_metric(serves: &[Served], series: &str) -> f64 {
-    let mut total = 0.0;
-    for served in serves {
-        total += served.metric(series).await;
-    }
-    total
 }

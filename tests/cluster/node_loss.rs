@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use order_expiry::ScheduleError;
-use order_expiry_testkit::{Served, at_ms};
+use order_expiry_testkit::{at_ms, sum_metric};
 
 use crate::minority::{Minority, READY_BOUND};
 use crate::support::{CONFIRM_TIMEOUT, ClusterWorld, NodesBack, orders_on, settle, start, stop};
@@ -257,12 +257,4 @@ async fn wait_for_consumers(world: &ClusterWorld, n: usize) -> Vec<usize> {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-}
-
-async fn sum_metric(serves: &[Served], series: &str) -> f64 {
-    let mut total = 0.0;
-    for served in serves {
-        total += served.metric(series).await;
-    }
-    total
 }

@@ -110,6 +110,46 @@ pub async fn resume(n: usize) {
     .await;
 }
 
+/// A network partition between nodes `a` and `b` (`cluster.sh cut`): their
+/// distribution packets dropped both ways; AMQP and the CLI still reach both.
+pub async fn cut(a: usize, b: usize) {
+    cluster(
+        vec!["cut".into(), a.to_string(), b.to_string()],
+        Duration::from_secs(30),
+    )
+    .await;
+}
+
+/// Node `n` cut from the other two (`cluster.sh isolate`); with `amqp`, no
+/// client reaches it either.
+pub async fn isolate(n: usize, amqp: bool) {
+    let mut args = vec!["isolate".to_owned(), n.to_string()];
+    if amqp {
+        args.push("--amqp".into());
+    }
+    cluster(args, Duration::from_secs(30)).await;
+}
+
+/// Every cut removed (`cluster.sh heal`).
+pub async fn heal() {
+    cluster(vec!["heal".into()], Duration::from_secs(30)).await;
+}
+
+/// The cluster nodes node `n` has a distribution connection to (`nodes()`),
+/// or `None` when it does not answer. A cut link shows here once the
+/// distribution gives up on it: net_ticktime of silence (7.5-12.5 s with the
+/// deployed 10 s).
+pub async fn peers_of(n: usize) -> Option<Vec<usize>> {
+    let out = ctl(n, &["eval", "nodes()."]).await.ok()?;
+    let mut peers: Vec<usize> = out
+        .split(|c: char| !(c.is_alphanumeric() || c == '@' || c == '_'))
+        .filter_map(node_number)
+        .collect();
+    peers.sort_unstable();
+    peers.dedup();
+    Some(peers)
+}
+
 /// Graceful stop of node `n` (the whole node).
 pub async fn stop(n: usize) {
     cluster(vec!["stop".into(), n.to_string()], Duration::from_secs(90)).await;
@@ -184,13 +224,17 @@ pub async fn leaders(vhost: &str, prefix: &str, part: &str) -> [usize; 3] {
     counts
 }
 
-/// Starts every node that is not running when dropped (a scenario that failed
-/// midway), so that the next one finds three nodes.
+/// Heals every cut and starts every node that is not running when dropped (a
+/// scenario that failed midway), so that the next one finds three nodes that
+/// see each other.
 #[derive(Debug)]
 pub struct NodesBack;
 
 impl Drop for NodesBack {
     fn drop(&mut self) {
+        if let Err(e) = cluster_sh(&["heal"], Duration::from_secs(30)) {
+            eprintln!("healing the cuts failed: {e}");
+        }
         if let Err(e) = cluster_sh(&["up"], Duration::from_secs(240)) {
             eprintln!("bringing the nodes back failed: {e}");
         }

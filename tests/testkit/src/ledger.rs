@@ -375,6 +375,79 @@ impl Figures {
     }
 }
 
+/// Lateness of a set of cancelled orders, measured from each one's due time
+/// (or from a later start, [`Lateness::since`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Lateness {
+    /// Cancelled orders counted.
+    pub cancels: usize,
+    /// Median.
+    pub p50: Duration,
+    /// 99th percentile (nearest rank).
+    pub p99: Duration,
+    /// Largest.
+    pub max: Duration,
+}
+
+impl Lateness {
+    /// Of the cancelled orders in `ledger` that `pick` keeps, from their due time.
+    pub fn of(
+        ledger: &Ledger,
+        rows: &HashMap<String, OrderRow>,
+        pick: impl Fn(&Placed) -> bool,
+    ) -> Self {
+        Self::since(ledger, rows, None, pick)
+    }
+
+    /// As [`Lateness::of`], each measured from the later of its due time and
+    /// `from` (a fault's repair): what is left once the fault is over; 0 for
+    /// an order cancelled before `from`. An early cancel (before its due time)
+    /// is not counted here: [`Figures`] counts those.
+    pub fn since(
+        ledger: &Ledger,
+        rows: &HashMap<String, OrderRow>,
+        from: Option<DateTime<Utc>>,
+        pick: impl Fn(&Placed) -> bool,
+    ) -> Self {
+        let mut late: Vec<Duration> = ledger
+            .orders
+            .iter()
+            .filter(|o| pick(o))
+            .filter_map(|o| {
+                let row = rows.get(&o.id)?;
+                let cancelled_at = row.cancelled_at?;
+                (cancelled_at - row.pay_deadline).to_std().ok()?;
+                let start = from.map_or(row.pay_deadline, |f| row.pay_deadline.max(f));
+                Some((cancelled_at - start).to_std().unwrap_or_default())
+            })
+            .collect();
+        late.sort_unstable();
+        let rank = |q: usize| late[(late.len() * q).div_ceil(100).max(1) - 1];
+        match late.last() {
+            None => Self::default(),
+            Some(&max) => Self {
+                cancels: late.len(),
+                p50: rank(50),
+                p99: rank(99),
+                max,
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Lateness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} cancels, p50 {:.2} s, p99 {:.2} s, max {:.2} s",
+            self.cancels,
+            self.p50.as_secs_f64(),
+            self.p99.as_secs_f64(),
+            self.max.as_secs_f64()
+        )
+    }
+}
+
 /// Waits until every scheduled, unpaid order is due and resolved, at most
 /// `limit` past the later of now and the last due time; then audits the table
 /// (against `recovered`, see [`Figures::audit`]). Every 10 s while due orders
@@ -445,5 +518,36 @@ mod tests {
         assert!(!f.settled());
         let broken = std::panic::catch_unwind(|| f.assert_invariants());
         assert!(broken.is_err(), "a lost order breaks the invariants");
+    }
+
+    #[test]
+    fn lateness_takes_percentiles_of_the_picked_cancels_from_due_or_a_repair() {
+        let ids: Vec<(String, DateTime<Utc>)> =
+            (0..100).map(|i| (format!("o{i}"), at_ms(-9_000))).collect();
+        let ledger = Ledger::scheduled(&ids);
+        // o0 is cancelled 0 ms late, o99 990 ms late, o100 does not exist.
+        let rows: HashMap<String, OrderRow> = (0..100)
+            .map(|i| {
+                (
+                    format!("o{i}"),
+                    row("cancelled", 1_000, Some(1_000 + 10 * i)),
+                )
+            })
+            .collect();
+        let all = Lateness::of(&ledger, &rows, |_| true);
+        assert_eq!(all.cancels, 100);
+        assert_eq!(all.p50, Duration::from_millis(490));
+        assert_eq!(all.p99, Duration::from_millis(980));
+        assert_eq!(all.max, Duration::from_millis(990));
+        let some = Lateness::of(&ledger, &rows, |o| o.id.ends_with('9'));
+        assert_eq!((some.cancels, some.max), (10, Duration::from_millis(990)));
+        let repaired = DateTime::<Utc>::from_timestamp_millis(1_500).expect("a time");
+        let after = Lateness::since(&ledger, &rows, Some(repaired), |_| true);
+        assert_eq!(
+            (after.cancels, after.max),
+            (100, Duration::from_millis(490))
+        );
+        assert_eq!(after.p50, Duration::ZERO);
+        assert_eq!(Lateness::of(&ledger, &rows, |_| false), Lateness::default());
     }
 }

@@ -53,9 +53,9 @@ pub use self::child::{Child, Launch, run_cli, settings_env, succeeded};
 pub use self::consumer::RunningConsumer;
 pub use self::endpoint::{Endpoint, Expiry, Reply, Request, expire_order};
 pub use self::inspect::RowLock;
-pub use self::ledger::{Figures, Ledger, Orders, Pace, Placed, order_service, settle};
+pub use self::ledger::{Figures, Lateness, Ledger, Orders, Pace, Placed, order_service, settle};
 pub use self::proxy::Proxy;
-pub use self::served::{ReadyWatch, Served, http_get, metric_value};
+pub use self::served::{ReadyWatch, Served, http_get, metric_value, sum_metric};
 pub use self::services::{
     MovableClock, amqp_port, amqp_url, amqp_url_on, at_ms, blue_amqp_port, connect_database,
     database, database_url, free_port, rabbitmqctl, skewed_clock, vhost, with_search_path,

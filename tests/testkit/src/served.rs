@@ -156,6 +156,15 @@ fn logged_addr(log: &Path) -> Option<SocketAddr> {
         })
 }
 
+/// The sum of `series` over `serves`' metrics.
+pub async fn sum_metric(serves: &[Served], series: &str) -> f64 {
+    let mut total = 0.0;
+    for served in serves {
+        total += served.metric(series).await;
+    }
+    total
+}
+
 /// The sum of the series of a Prometheus text that start with `series`.
 pub fn metric_value(text: &str, series: &str) -> f64 {
     text.lines()
