@@ -5,8 +5,8 @@
 //! through the comma-separated `amqp.url`, competing consumers, node loss with
 //! orders in flight (a rolling restart, the majority lost), a node that dies or
 //! hangs with a `serve` on it, bounded from each order's due time (kill -9 for
-//! 60 s, for good, SIGSTOP for 60 s), and what clients see on a node without a
-//! majority. The tests read the nodes' names and ports
+//! 60 s, for good, SIGSTOP for 60 s), network partitions (a node cut off with
+//! nftables), and what clients see on a node without a majority. The tests read the nodes' names and ports
 //! from `cluster.sh env`, so the variable must reach them.
 //!
 //! `scripts/test` runs them in a stage of their own: it brings the cluster up,
@@ -33,5 +33,6 @@ mod minority;
 mod node_gone;
 mod node_loss;
 mod operator;
+mod partition;
 mod placement;
 mod support;

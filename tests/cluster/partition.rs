@@ -1,0 +1,282 @@
+//! Network partitions between the nodes (issue 37), cut with nftables
+//! (`scripts/lib/cluster.sh cut`/`isolate`/`heal`: each node dials its peers
+//! from an address of its own, so its links can be told apart on the one host).
+//! AMQP stays reachable on every node: a client connected to the cut-off node
+//! keeps its connection.
+//!
+//! Orders (delays 2-30 s, every fourth paid) flow from 5 s before the first cut
+//! until the last heal; the sweeper is off, so every cancel is a message the
+//! ladder delivered. Each scenario asserts none lost, none early, none paid and
+//! cancelled, and lateness from each order's due time:
+//!
+//! - [`GOAL`] for the orders due more than [`SETTLING`] after the fault began;
+//! - [`BOUND`] for the orders due in those first seconds.
+//!
+//! The scenarios:
+//!
+//! 1. the node leading the most ladder levels cut off from the other two for
+//!    30 s, with a `serve` on it (the other on the majority) and the order
+//!    service publishing through it;
+//! 2. (long) the node leading the due queue cut off, both `serve`s on the
+//!    majority;
+//! 3. (long) a flapping link: that node cut 5 s, healed 5 s, for a minute.
+//!
+//! `CLUSTER_PARTITION_SERVES=minority` starts both `serve`s on the cut-off
+//! node: the orders then wait for the heal, and the goal fails (the scenario
+//! broken on purpose).
+
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, TimeDelta, Utc};
+use order_expiry_testkit::cluster::{heal, isolate, peers_of};
+use order_expiry_testkit::{Lateness, sum_metric};
+
+use crate::support::{ClusterWorld, Figures, Ledger, NodesBack, orders_on, rows};
+
+/// Orders due more than [`SETTLING`] after the fault began: cancelled within
+/// this of their due time (the issue's goal).
+const GOAL: Duration = Duration::from_secs(10);
+
+/// How long after a cut the cluster takes to act on it: the nodes see each
+/// other down only after net_ticktime of silence (10 s in
+/// deploy/rabbitmq/advanced.config, so 7.5-12.5 s), then the majority's
+/// quorum queues elect leaders for what the cut-off node led and take back
+/// what its consumers held (consumer_disconnected_timeout, 1 s).
+const SETTLING: Duration = Duration::from_secs(10);
+
+/// Orders due in the first [`SETTLING`] of the fault wait for all of that:
+/// at most 12.5 s of detection, an election (Ra: a few seconds), 1 s of the
+/// consumer timeout and a redelivery; measured well under 20 s, held to 30 s
+/// on this shared two-core machine (the issue's ceiling).
+const BOUND: Duration = Duration::from_secs(30);
+
+/// A cut at least this long must be seen by both sides (net_ticktime is 10 s).
+const LONG_CUT: Duration = Duration::from_secs(20);
+
+/// Where the `serve`s run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Serves {
+    /// One on the cut-off node, one on another.
+    CutAndMajority,
+    /// Both on the other two nodes.
+    Majority,
+    /// Both on the cut-off node: the scenario broken on purpose.
+    CutOnly,
+}
+
+/// Which node is cut off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    /// The node leading the most ladder levels.
+    BusiestLadder,
+    /// The node leading the due queue.
+    DueLeader,
+}
+
+/// One scenario.
+#[derive(Debug, Clone)]
+struct Plan {
+    name: &'static str,
+    target: Target,
+    serves: Serves,
+    /// The order service publishes through the cut-off node first.
+    publish_on_target: bool,
+    /// Cut and heal, from the first cut.
+    windows: Vec<(Duration, Duration)>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_node_cut_off_30_s_with_a_serve_and_the_publisher_on_it() {
+    run(Plan {
+        name: "one node cut off 30 s, a serve and the publisher on it",
+        target: Target::BusiestLadder,
+        serves: Serves::CutAndMajority,
+        publish_on_target: true,
+        windows: vec![(Duration::ZERO, Duration::from_secs(30))],
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "long: a second partition scenario (scripts/test --long)"]
+async fn the_due_queues_leader_cut_off_serves_on_the_majority() {
+    run(Plan {
+        name: "due queue leader cut off 30 s, serves on the majority",
+        target: Target::DueLeader,
+        serves: Serves::Majority,
+        publish_on_target: false,
+        windows: vec![(Duration::ZERO, Duration::from_secs(30))],
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "long: a minute of flapping (scripts/test --long)"]
+async fn a_flapping_link_cut_5_s_healed_5_s_for_a_minute() {
+    let windows = (0..6)
+        .map(|i| {
+            let cut = Duration::from_secs(10 * i);
+            (cut, cut + Duration::from_secs(5))
+        })
+        .collect();
+    run(Plan {
+        name: "flapping: cut 5 s, healed 5 s, for a minute",
+        target: Target::BusiestLadder,
+        serves: Serves::CutAndMajority,
+        publish_on_target: true,
+        windows,
+    })
+    .await;
+}
+
+async fn run(mut plan: Plan) {
+    if std::env::var("CLUSTER_PARTITION_SERVES").as_deref() == Ok("minority") {
+        plan.serves = Serves::CutOnly;
+    }
+    let _back = NodesBack;
+    let world = ClusterWorld::new(plan.name, 6).await;
+    let ladder_before = world.leaders(".ladder.").await;
+    let due_before = world.leaders(".due").await;
+    let busiest = (1..=3)
+        .max_by_key(|n| ladder_before[n - 1])
+        .expect("three nodes");
+    let target = match plan.target {
+        Target::BusiestLadder => busiest,
+        Target::DueLeader => (1..=3)
+            .find(|n| due_before[n - 1] > 0)
+            .expect("a due leader"),
+    };
+    let (next, last) = (target % 3 + 1, (target + 1) % 3 + 1);
+    let env = [("ORDER_EXPIRY__SWEEPER__ENABLED", "false")];
+    let serve_nodes = match plan.serves {
+        Serves::CutAndMajority => [target, next],
+        Serves::Majority => [next, last],
+        Serves::CutOnly => [target, target],
+    };
+    let mut serves = Vec::new();
+    for n in serve_nodes {
+        serves.push(world.serve(n, &env).await);
+    }
+    for served in &serves {
+        served.wait_ready(Duration::from_secs(30)).await;
+    }
+    let publisher = if plan.publish_on_target { target } else { next };
+    let orders = orders_on(&world, publisher);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let (began, began_wall) = (Instant::now(), Utc::now());
+    let mut seen = Vec::new();
+    let mut during = None;
+    for (i, &(cut_at, heal_at)) in plan.windows.iter().enumerate() {
+        sleep_until(began + cut_at).await;
+        isolate(target, false).await;
+        if i == 0 {
+            // A cut shorter than net_ticktime (a flapping link's 5 s) is only
+            // a stall: no node sees another go.
+            if heal_at - cut_at >= LONG_CUT {
+                seen.push(watch_split(target, began, began + heal_at).await);
+            }
+            during = Some((world.leaders(".ladder.").await, world.leaders(".due").await));
+        }
+        sleep_until(began + heal_at).await;
+        heal().await;
+    }
+    let healed = (Instant::now(), Utc::now());
+    seen.push(watch_joined(target, healed.0).await);
+    let ledger = orders.stop().await;
+    let calls_during = ledger.outcomes_between(began, healed.0);
+    let (_, first_error) = ledger.errors();
+
+    let figures = settle(&world, &ledger, healed.1).await;
+    let rows = rows(&world).await;
+    let settling = began_wall + TimeDelta::from_std(SETTLING).expect("small");
+    let later = Lateness::of(&ledger, &rows, |o| o.due_at > settling);
+    let first = Lateness::of(&ledger, &rows, |o| o.due_at <= settling);
+    let past_heal = Lateness::since(&ledger, &rows, Some(healed.1), |_| true);
+    let after = (world.leaders(".ladder.").await, world.leaders(".due").await);
+    let reconnects = sum_metric(&serves, "order_expiry_reconnects_total").await;
+    figures.print(
+        plan.name,
+        &format!(
+            "node {target} cut off; serves on {serve_nodes:?}, orders through node {publisher}; \
+             {}; leaders (ladder, due) before {:?}, during {during:?}, after {after:?}; \
+             schedule() during the cut: {} ok, {} failed (first: {}); \
+             lateness from due: orders due in the first {} s {first}; later {later}; \
+             past the heal {past_heal}; {reconnects} reconnects",
+            seen.join("; "),
+            (ladder_before, due_before),
+            calls_during.0,
+            calls_during.1,
+            first_error.unwrap_or("none"),
+            SETTLING.as_secs(),
+        ),
+    );
+    figures.assert_invariants();
+    assert!(
+        later.max <= GOAL,
+        "an order due more than {SETTLING:?} into the partition was cancelled {:?} after its \
+         due time, beyond {GOAL:?}: {later}",
+        later.max
+    );
+    assert!(
+        first.max <= BOUND,
+        "an order due early in the partition was cancelled {:?} after its due time, beyond \
+         {BOUND:?}: {first}",
+        first.max
+    );
+    drop(serves);
+    world.cleanup().await;
+}
+
+/// Waits until `target` and the other two have dropped their distribution
+/// links to each other (the cut is real: each side sees the other down), at
+/// most until `limit`; says when each side did.
+async fn watch_split(target: usize, began: Instant, limit: Instant) -> String {
+    let others: Vec<usize> = (1..=3).filter(|&n| n != target).collect();
+    let (mut alone, mut without) = (None, None);
+    while Instant::now() < limit && (alone.is_none() || without.is_none()) {
+        let at = began.elapsed().as_secs_f64();
+        if alone.is_none() && peers_of(target).await.is_some_and(|p| p.is_empty()) {
+            alone = Some(at);
+        }
+        if without.is_none() && peers_of(others[0]).await.is_some_and(|p| p == [others[1]]) {
+            without = Some(at);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (Some(alone), Some(without)) = (alone, without) else {
+        panic!(
+            "the cut is not real: within it, node {target} and the others did not both drop \
+             their links (node {target} alone: {alone:?}, the majority without it: {without:?})"
+        );
+    };
+    format!(
+        "node {target} dropped its links {alone:.1} s into the cut, the majority its link to it \
+         {without:.1} s in"
+    )
+}
+
+/// Waits until `target` is linked to both others again; says how soon.
+async fn watch_joined(target: usize, healed: Instant) -> String {
+    let limit = healed + Duration::from_secs(60);
+    while Instant::now() < limit {
+        if peers_of(target).await.is_some_and(|p| p.len() == 2) {
+            return format!(
+                "linked to both again {:.1} s after the heal",
+                healed.elapsed().as_secs_f64()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!("node {target} did not link to both others within 60 s of the heal")
+}
+
+/// Every unpaid, scheduled order due and settled, at most [`BOUND`] past the
+/// last due time; audited against `healed`.
+async fn settle(world: &ClusterWorld, ledger: &Ledger, healed: DateTime<Utc>) -> Figures {
+    crate::support::settle(world, ledger, healed, BOUND + Duration::from_secs(5)).await
+}
+
+async fn sleep_until(at: Instant) {
+    tokio::time::sleep_until(at.into()).await;
+}
