@@ -2,7 +2,8 @@
 //! side so faults overlap (a node dies while the database route is down).
 //!
 //! - The broker lane: kill -9, graceful stop or SIGSTOP of one node at a time,
-//!   then the node back; at most one node is ever down.
+//!   then the node back, or one node cut off from the other two by a network
+//!   partition, then healed; at most one node is ever down or cut off.
 //! - The service lane: kill -9 of a `serve` (restarted), a PostgreSQL restart,
 //!   the sql world's database route blackholed, the http world's order service
 //!   or payment gateway failing (503s, or hanging past the client's timeout),
@@ -38,6 +39,9 @@ pub(super) enum Kind {
     NodeStop { node: usize, down: Duration },
     /// SIGSTOP of a node's beam for `hung`, then SIGCONT.
     NodePause { node: usize, hung: Duration },
+    /// A node cut off from the other two (`cluster.sh isolate`: its
+    /// distribution links dropped, AMQP still reachable) for `lasting`.
+    NodePartition { node: usize, lasting: Duration },
     /// kill -9 of `serve` slot `slot`, started again after `down`.
     ServeKill { slot: usize, down: Duration },
     /// `pg_ctlcluster ... restart` (fast shutdown: connections cut).
@@ -76,6 +80,10 @@ impl Kind {
             // without the loaded machine's allowance: those tests hold it.
             Kind::NodeKill { .. } | Kind::NodeStop { .. } => return Duration::from_secs(10),
             Kind::NodePause { .. } => return Duration::from_secs(30),
+            // tests/cluster/partition.rs: 30 s for what falls due while the
+            // majority has not yet seen the node go (net_ticktime), 10 s
+            // after that; the checker holds every order to the longer one.
+            Kind::NodePartition { .. } => return Duration::from_secs(30),
             // Redelivery to the other serve, or this one's restart.
             Kind::ServeKill { .. } => 10,
             // The consumer's retry backoff (up to 10 s) and a reconnect.
@@ -95,14 +103,20 @@ impl Kind {
     pub(super) fn counts_from_due(&self) -> bool {
         matches!(
             self,
-            Kind::NodeKill { .. } | Kind::NodeStop { .. } | Kind::NodePause { .. }
+            Kind::NodeKill { .. }
+                | Kind::NodeStop { .. }
+                | Kind::NodePause { .. }
+                | Kind::NodePartition { .. }
         )
     }
 
     /// Whether it can delay `which`'s orders.
     pub(super) fn affects(&self, which: Which, slot_world: impl Fn(usize) -> Which) -> bool {
         match self {
-            Kind::NodeKill { .. } | Kind::NodeStop { .. } | Kind::NodePause { .. } => true,
+            Kind::NodeKill { .. }
+            | Kind::NodeStop { .. }
+            | Kind::NodePause { .. }
+            | Kind::NodePartition { .. } => true,
             Kind::PostgresRestart => true,
             Kind::ServeKill { slot, .. } => slot_world(*slot) == which,
             Kind::DatabaseBlackhole { .. } | Kind::ParkedReplay | Kind::LadderMigrate { .. } => {
@@ -119,6 +133,9 @@ impl Kind {
             Kind::NodeKill { node, down } => format!("kill -9 node {node}, down {}", s(down)),
             Kind::NodeStop { node, down } => format!("stop node {node}, down {}", s(down)),
             Kind::NodePause { node, hung } => format!("SIGSTOP node {node} {}", s(hung)),
+            Kind::NodePartition { node, lasting } => {
+                format!("node {node} cut off {}", s(lasting))
+            }
             Kind::ServeKill { slot, down } => {
                 format!("kill -9 serve {}, down {}", slot + 1, s(down))
             }
@@ -149,6 +166,7 @@ impl Kind {
             Kind::NodeKill { .. } => "node kill -9",
             Kind::NodeStop { .. } => "node stop",
             Kind::NodePause { .. } => "node SIGSTOP",
+            Kind::NodePartition { .. } => "node cut off",
             Kind::ServeKill { .. } => "serve kill -9",
             Kind::PostgresRestart => "PostgreSQL restart",
             Kind::DatabaseBlackhole { .. } => "database blackhole",
@@ -236,7 +254,7 @@ fn draw(rng: &mut StdRng, lane: Lane, serves: usize) -> (Duration, Kind) {
         Lane::Broker => {
             let gap = secs(rng, 10, 40);
             let node = rng.random_range(1..=3);
-            let kind = match rng.random_range(0..5) {
+            let kind = match rng.random_range(0..7) {
                 0 | 1 => Kind::NodeKill {
                     node,
                     down: secs(rng, 5, 20),
@@ -245,9 +263,14 @@ fn draw(rng: &mut StdRng, lane: Lane, serves: usize) -> (Duration, Kind) {
                     node,
                     down: secs(rng, 5, 20),
                 },
-                _ => Kind::NodePause {
+                4 => Kind::NodePause {
                     node,
                     hung: secs(rng, 5, 30),
+                },
+                // Shorter than net_ticktime (a stall) to well past it.
+                _ => Kind::NodePartition {
+                    node,
+                    lasting: secs(rng, 5, 40),
                 },
             };
             (gap, kind)
@@ -299,6 +322,12 @@ async fn inject(world: &SoakWorld, kind: Kind) -> anyhow::Result<Vec<Record>> {
         Kind::NodeKill { node, down } => node_fault("kill", "start", node, down, 30).await,
         Kind::NodeStop { node, down } => node_fault("stop", "start", node, down, 90).await,
         Kind::NodePause { node, hung } => node_fault("pause", "resume", node, hung, 30).await,
+        Kind::NodePartition { node, lasting } => {
+            cluster_sh(&["isolate", &node.to_string()], 30).await?;
+            tokio::time::sleep(lasting).await;
+            cluster_sh(&["heal"], 30).await?;
+            Ok(Vec::new())
+        }
         Kind::ServeKill { slot, down } => {
             world.kill_serve(slot).await;
             tokio::time::sleep(down).await;
@@ -442,6 +471,7 @@ pub(super) async fn repair_all(world: &SoakWorld) -> anyhow::Result<()> {
     world.db_proxy.restore();
     world.endpoint.recover("expire");
     world.endpoint.recover("payment");
+    cluster_sh(&["heal"], 30).await?;
     for slot in 0..world.serve_count().await {
         if !world.serve_running(slot).await {
             world.start_serve(slot).await?;
