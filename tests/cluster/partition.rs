@@ -19,7 +19,9 @@
 //!    service publishing through it;
 //! 2. (long) the node leading the due queue cut off, both `serve`s on the
 //!    majority;
-//! 3. (long) a flapping link: that node cut 5 s, healed 5 s, for a minute.
+//! 3. (long) a flapping link: that node cut 5 s, healed 5 s, for a minute;
+//! 4. (long) a partial partition: that node and the next cut apart for 30 s,
+//!    both still linked to the third, a `serve` on each side.
 //!
 //! `CLUSTER_PARTITION_SERVES=minority` starts both `serve`s on the cut-off
 //! node: the orders then wait for the heal, and the goal fails (the scenario
@@ -28,7 +30,7 @@
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
-use order_expiry_testkit::cluster::{heal, isolate, peers_of};
+use order_expiry_testkit::cluster::{cut, heal, isolate, peers_of};
 use order_expiry_testkit::{Lateness, sum_metric};
 
 use crate::support::{ClusterWorld, Figures, Ledger, NodesBack, orders_on, rows};
@@ -83,6 +85,9 @@ struct Plan {
     publish_on_target: bool,
     /// Cut and heal, from the first cut.
     windows: Vec<(Duration, Duration)>,
+    /// Only the link between the target and the next node is cut; both keep
+    /// theirs to the third (a partial partition).
+    partial: bool,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -93,6 +98,7 @@ async fn one_node_cut_off_30_s_with_a_serve_and_the_publisher_on_it() {
         serves: Serves::CutAndMajority,
         publish_on_target: true,
         windows: vec![(Duration::ZERO, Duration::from_secs(30))],
+        partial: false,
     })
     .await;
 }
@@ -106,6 +112,7 @@ async fn the_due_queues_leader_cut_off_serves_on_the_majority() {
         serves: Serves::Majority,
         publish_on_target: false,
         windows: vec![(Duration::ZERO, Duration::from_secs(30))],
+        partial: false,
     })
     .await;
 }
@@ -125,6 +132,21 @@ async fn a_flapping_link_cut_5_s_healed_5_s_for_a_minute() {
         serves: Serves::CutAndMajority,
         publish_on_target: true,
         windows,
+        partial: false,
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "long: a partial partition (scripts/test --long)"]
+async fn a_partial_partition_two_nodes_cut_apart_both_linked_to_the_third() {
+    run(Plan {
+        name: "partial: busiest node and the next cut apart 30 s, both linked to the third",
+        target: Target::BusiestLadder,
+        serves: Serves::CutAndMajority,
+        publish_on_target: true,
+        windows: vec![(Duration::ZERO, Duration::from_secs(30))],
+        partial: true,
     })
     .await;
 }
@@ -169,12 +191,16 @@ async fn run(mut plan: Plan) {
     let mut during = None;
     for (i, &(cut_at, heal_at)) in plan.windows.iter().enumerate() {
         sleep_until(began + cut_at).await;
-        isolate(target, false).await;
+        match plan.partial {
+            true => cut(target, next).await,
+            false => isolate(target, false).await,
+        }
         if i == 0 {
             // A cut shorter than net_ticktime (a flapping link's 5 s) is only
             // a stall: no node sees another go.
             if heal_at - cut_at >= LONG_CUT {
-                seen.push(watch_split(target, began, began + heal_at).await);
+                let split = watch_split(target, plan.partial, began, began + heal_at);
+                seen.push(split.await);
             }
             during = Some((world.leaders(".ladder.").await, world.leaders(".due").await));
         }
@@ -195,10 +221,14 @@ async fn run(mut plan: Plan) {
     let past_heal = Lateness::since(&ledger, &rows, Some(healed.1), |_| true);
     let after = (world.leaders(".ladder.").await, world.leaders(".due").await);
     let reconnects = sum_metric(&serves, "order_expiry_reconnects_total").await;
+    let cut = match plan.partial {
+        true => format!("nodes {target} and {next} cut apart"),
+        false => format!("node {target} cut off"),
+    };
     figures.print(
         plan.name,
         &format!(
-            "node {target} cut off; serves on {serve_nodes:?}, orders through node {publisher}; \
+            "{cut}; serves on {serve_nodes:?}, orders through node {publisher}; \
              {}; leaders (ladder, due) before {:?}, during {during:?}, after {after:?}; \
              schedule() during the cut: {} ok, {} failed (first: {}); \
              lateness from due: orders due in the first {} s {first}; later {later}; \
@@ -228,31 +258,36 @@ async fn run(mut plan: Plan) {
     world.cleanup().await;
 }
 
-/// Waits until `target` and the other two have dropped their distribution
-/// links to each other (the cut is real: each side sees the other down), at
-/// most until `limit`; says when each side did.
-async fn watch_split(target: usize, began: Instant, limit: Instant) -> String {
-    let others: Vec<usize> = (1..=3).filter(|&n| n != target).collect();
+/// Waits until `target` and the other two (with `partial`, the next node
+/// only) have dropped their distribution links to each other (the cut is
+/// real: each side sees the other down), at most until `limit`; says when
+/// each side did.
+async fn watch_split(target: usize, partial: bool, began: Instant, limit: Instant) -> String {
+    let (next, last) = (target % 3 + 1, (target + 1) % 3 + 1);
+    // What the target and the next node each still see.
+    let (target_sees, next_sees) = match partial {
+        true => (vec![last], vec![last]),
+        false => (vec![], vec![last]),
+    };
     let (mut alone, mut without) = (None, None);
     while Instant::now() < limit && (alone.is_none() || without.is_none()) {
         let at = began.elapsed().as_secs_f64();
-        if alone.is_none() && peers_of(target).await.is_some_and(|p| p.is_empty()) {
+        if alone.is_none() && peers_of(target).await.is_some_and(|p| p == target_sees) {
             alone = Some(at);
         }
-        if without.is_none() && peers_of(others[0]).await.is_some_and(|p| p == [others[1]]) {
+        if without.is_none() && peers_of(next).await.is_some_and(|p| p == next_sees) {
             without = Some(at);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let (Some(alone), Some(without)) = (alone, without) else {
         panic!(
-            "the cut is not real: within it, node {target} and the others did not both drop \
-             their links (node {target} alone: {alone:?}, the majority without it: {without:?})"
+            "the cut is not real: within it, node {target} and node {next} did not both drop \
+             their links (node {target}: {alone:?}, node {next}: {without:?})"
         );
     };
     format!(
-        "node {target} dropped its links {alone:.1} s into the cut, the majority its link to it \
-         {without:.1} s in"
+        "node {target} dropped its cut links {alone:.1} s into the cut, node {next} {without:.1} s in"
     )
 }
 
