@@ -1,8 +1,10 @@
 //! Where the queues live, and the publisher moving between nodes:
 //!
 //! - the default topology (22 levels, due, parked and catch-up: 25 queues)
-//!   declared through one node has its leaders spread over the three nodes and
-//!   three members per queue, and `topology.replicas = 1` gives one member;
+//!   declared through one node has its leaders spread over the nodes
+//!   (`balanced`: each on the node leading the fewest queues) and three
+//!   members per queue, and
+//!   `topology.replicas = 1` gives one member;
 //! - a publisher whose node is killed (-9) with calls in flight: those calls
 //!   return an error, the caller's next calls are confirmed on another node,
 //!   and every order confirmed is cancelled.
@@ -24,16 +26,32 @@ async fn leaders_spread_and_every_queue_has_the_replicas() {
     let mut full = world.settings.clone();
     full.topology.prefix = format!("{}-full", world.settings.topology.prefix);
     full.topology.levels = 22;
+    // `balanced` puts each new leader on the node that leads the fewest
+    // queues at the time, this scenario's own six levels and whatever else
+    // the vhost holds included: printed beside what it would give.
+    let before = all_leaders().await;
     world.declare(&full).await.expect("the default ladder");
     let leaders = crate::support::leaders(&vhost(), &full.topology.prefix, "").await;
+    let after = all_leaders().await;
     let members = queues(&vhost(), &full.topology.prefix, &["members"]).await;
+    let expected = balanced(before, 25);
     eprintln!(
-        "FIGURES placement: 25 queues declared through one node, leaders per node {leaders:?}"
+        "FIGURES placement: 25 queues declared through one node, leaders per node {leaders:?} \
+         (every queue of the vhost: before {before:?}, after {after:?}; balanced would give \
+         {expected:?})"
     );
     assert_eq!(leaders.iter().sum::<usize>(), 25, "{leaders:?}");
+    // Not to the letter of `balanced`: a node started again just before (the
+    // publisher scenario kills one) is given fewer leaders for a while, more
+    // than the counts explain (measured: [10, 6, 9] new from [2, 0, 7], node
+    // 2 restarted seconds before; [11, 2, 12] in another run). What
+    // order-expiry asks for is spreading: the broker's default,
+    // client-local, puts all 25 on one node.
+    let spread = leaders.iter().filter(|&&n| n >= 6).count() >= 2;
     assert!(
-        leaders.iter().all(|&n| n >= 6),
-        "leaders spread over the nodes (balanced): {leaders:?}"
+        spread && leaders.iter().all(|&n| n <= 15),
+        "leaders spread over the nodes (balanced would give {expected:?} from {before:?}): \
+         the 25 new {leaders:?}, all {after:?}"
     );
     for (queue, fields) in &members {
         assert_eq!(nodes_named(&fields[0]), 3, "{queue}: {fields:?}");
@@ -47,6 +65,33 @@ async fn leaders_spread_and_every_queue_has_the_replicas() {
         assert_eq!(nodes_named(&fields[0]), 1, "{queue}: {fields:?}");
     }
     world.cleanup().await;
+}
+
+/// How many of the test vhost's queues (every scenario's) each node leads.
+async fn all_leaders() -> [usize; 3] {
+    let listing = ctl_any(&[
+        "list_queues",
+        "-p",
+        &vhost(),
+        "--no-table-headers",
+        "leader",
+    ])
+    .await;
+    let mut counts = [0; 3];
+    for n in listing.lines().filter_map(|l| node_number(l.trim())) {
+        counts[n - 1] += 1;
+    }
+    counts
+}
+
+/// Where `new` leaders end up when each goes to the node leading the fewest
+/// queues, starting from `leading`.
+fn balanced(mut leading: [usize; 3], new: usize) -> [usize; 3] {
+    for _ in 0..new {
+        let least = (0..3).min_by_key(|&i| leading[i]).expect("three nodes");
+        leading[least] += 1;
+    }
+    leading
 }
 
 /// The node of this process's publisher connection (named `order-expiry
