@@ -209,7 +209,9 @@ impl<'a, A: Action> Session<'a, A> {
     }
 
     /// Sends the node probe when due; a probe that got no answer ends the
-    /// session, so that the next one connects through another node.
+    /// session, so that the next one connects through another node. A probe
+    /// the broker refused (its channel closed, say) ends it as any broker
+    /// error does.
     fn on_probe(&mut self, probed: Probed) -> Result<(), SessionError> {
         match probed {
             Probed::Due => {
@@ -218,6 +220,7 @@ impl<'a, A: Action> Session<'a, A> {
                 Ok(())
             }
             Probed::Answered(Ok(())) => Ok(()),
+            Probed::Answered(Err(error @ BrokerError::Failed { .. })) => Err(error.into()),
             Probed::Answered(Err(error)) => {
                 warn!(target: CONSUMER, %error,
                     "the broker node did not answer the probe (cut off from its cluster?): \
