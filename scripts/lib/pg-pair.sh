@@ -34,6 +34,10 @@
 #                                    sends its standby all WAL, the shutdown
 #                                    checkpoint included, before it exits)
 #   scripts/lib/pg-pair.sh promote N promote standby N; returns once it takes writes
+#   scripts/lib/pg-pair.sh switchback  after a failover to node 2: node 1 its
+#                                    standby, then a planned switchover back to
+#                                    node 1, node 2 its synchronous standby again;
+#                                    the data kept. Prints when node 1 took writes
 #   scripts/lib/pg-pair.sh fence N   node N refuses writes (default_transaction_read_only
 #                                    = on, reloaded): open sessions stay open and
 #                                    read-only, as a demoted primary that is still up
@@ -151,29 +155,38 @@ _pg_pair_unfence() { # N
   rm -f "$_conf/conf.d/70-fence.conf"
 }
 
-# Whether node 2 streams from node 1 now (node 1's pg_stat_replication).
-_pg_pair_streaming() {
-  [[ $(_pg_pair_psql 1 "SELECT count(*) FROM pg_stat_replication WHERE application_name = '${PG_PAIR_NAMES[1]}' AND state = 'streaming'" 2>/dev/null) == 1 ]]
+# The other node of the pair.
+_pg_pair_other() { echo $((3 - $1)); }
+
+# Whether node N streams from the other node now (the other's
+# pg_stat_replication), in sync_state STATE if given (sync or async).
+_pg_pair_streaming() { # N [STATE]
+  local from state
+  from=$(_pg_pair_other "${1:-2}")
+  state=$(_pg_pair_psql "$from" "SELECT sync_state FROM pg_stat_replication WHERE application_name = '${PG_PAIR_NAMES[${1:-2} - 1]}' AND state = 'streaming'" 2>/dev/null)
+  [[ -n $state && ( -z ${2:-} || $state == "$2" ) ]]
 }
 
-# Node 2's data afresh: a base backup of node 1 (-R: standby.signal and
-# primary_conninfo, named for synchronous_standby_names).
-_pg_pair_rebuild_standby() {
-  local _name _port _conf _data
-  _pg_pair_node 2
-  _pg_pair_ctl 2 stop -m immediate >/dev/null 2>&1 || true
+# Node N's data afresh (default 2): a base backup of the other node, which
+# must be the primary (-R: standby.signal and primary_conninfo, named for
+# synchronous_standby_names).
+_pg_pair_rebuild_standby() { # [N]
+  local _name _port _conf _data n=${1:-2} from
+  from=$(_pg_pair_other "$n")
+  _pg_pair_node "$n"
+  _pg_pair_ctl "$n" stop -m immediate >/dev/null 2>&1 || true
   # Emptied, not removed: its parent belongs to root.
   rm -rf --one-file-system "${_data:?}"
   install -d -o postgres -g postgres -m 700 "$_data"
-  runuser -u postgres -- pg_basebackup -h 127.0.0.1 -p "${PG_PAIR_PORTS[0]}" -U postgres \
+  runuser -u postgres -- pg_basebackup -h 127.0.0.1 -p "${PG_PAIR_PORTS[$from - 1]}" -U postgres \
     -D "$_data" -R -X stream -c fast \
     -d "application_name=$_name" >/dev/null ||
-    die "pg_basebackup of node 1 into $_data failed"
+    die "pg_basebackup of node $from into $_data failed"
   # -R wrote the connection pg_basebackup used, application name included;
   # the walreceiver's must be this node's name.
-  echo "primary_conninfo = 'host=127.0.0.1 port=${PG_PAIR_PORTS[0]} user=postgres application_name=$_name'" \
+  echo "primary_conninfo = 'host=127.0.0.1 port=${PG_PAIR_PORTS[$from - 1]} user=postgres application_name=$_name'" \
     >>"$_data/postgresql.auto.conf"
-  _pg_pair_ctl 2 start || die "node 2 did not start as a standby"
+  _pg_pair_ctl "$n" start || die "node $n did not start as a standby"
 }
 
 pg_pair_up() {
@@ -199,7 +212,7 @@ pg_pair_up() {
   # that streams replays it).
   _pg_pair_psql 1 "DROP DATABASE IF EXISTS $PG_PAIR_DATABASE WITH (FORCE)" >/dev/null 2>&1
   _pg_pair_psql 1 "CREATE DATABASE $PG_PAIR_DATABASE" >/dev/null
-  if pg_pair_pid 2 >/dev/null && _pg_pair_streaming &&
+  if pg_pair_pid 2 >/dev/null && _pg_pair_streaming 2 &&
     [[ $(_pg_pair_psql 2 'SELECT pg_is_in_recovery()' 2>/dev/null) == t ]]; then
     _pg_pair_ctl 2 reload >/dev/null
   else
@@ -208,13 +221,46 @@ pg_pair_up() {
   _pg_pair_wait 2
   _pg_pair_replication "$mode"
   _pg_pair_ctl 1 reload >/dev/null
-  local want=async
-  [[ $mode == sync ]] && want=sync
-  while [[ $(_pg_pair_psql 1 "SELECT sync_state FROM pg_stat_replication WHERE application_name = '${PG_PAIR_NAMES[1]}' AND state = 'streaming'" 2>/dev/null) != "$want" ]]; do
-    [[ $((SECONDS - t0)) -lt 90 ]] || die "node 2 does not stream from node 1 ($want) after 90 s"
+  _pg_pair_wait_streaming 2 "$mode"
+  log "pg-pair up: node 1 primary on ${PG_PAIR_PORTS[0]}, node 2 $mode standby on ${PG_PAIR_PORTS[1]} ($((SECONDS - t0)) s)"
+}
+
+# Waits (at most 90 s) until node N streams from the other node in STATE.
+_pg_pair_wait_streaming() { # N sync|async
+  local t0=$SECONDS
+  until _pg_pair_streaming "$1" "$2"; do
+    [[ $((SECONDS - t0)) -lt 90 ]] || die "node $1 does not stream from node $(_pg_pair_other "$1") ($2) after 90 s"
     sleep 0.1
   done
-  log "pg-pair up: node 1 primary on ${PG_PAIR_PORTS[0]}, node 2 $want standby on ${PG_PAIR_PORTS[1]} ($((SECONDS - t0)) s)"
+}
+
+# Back to the start state after a failover to node 2, keeping the data: node
+# 1 rebuilt as node 2's standby, a planned switchover to it (node 2 stopped
+# gracefully, which sends node 1 all its WAL first; node 1 promoted), node 2
+# rebuilt as node 1's synchronous standby. Node 1 runs asynchronous from its
+# promotion until node 2 streams: synchronous, every commit would wait for a
+# standby that is still being copied (as Patroni's non-strict synchronous
+# mode does). Prints when node 1 took writes (epoch seconds).
+pg_pair_switchback() {
+  local t0=$SECONDS promoted
+  [[ $(_pg_pair_psql 2 'SELECT pg_is_in_recovery()' 2>/dev/null) == f ]] ||
+    die "pg-pair switchback: node 2 is not the primary"
+  _pg_pair_unfence 1
+  _pg_pair_replication async
+  if ! { pg_pair_pid 1 >/dev/null && _pg_pair_streaming 1; }; then
+    _pg_pair_rebuild_standby 1
+  fi
+  _pg_pair_wait_streaming 1 async
+  _pg_pair_ctl 2 stop -m fast || die "node 2 did not stop"
+  pg_pair_promote 1
+  promoted=$(date +%s.%N)
+  _pg_pair_rebuild_standby 2
+  _pg_pair_wait_streaming 2 async
+  _pg_pair_replication sync
+  _pg_pair_ctl 1 reload >/dev/null
+  _pg_pair_wait_streaming 2 sync
+  log "pg-pair switchback: node 1 primary again, node 2 its sync standby ($((SECONDS - t0)) s)"
+  echo "$promoted"
 }
 
 pg_pair_down() {
@@ -342,6 +388,7 @@ _pg_pair_main() {
     kill) pg_pair_kill "${1:-}" ;;
     stop) pg_pair_stop "${1:-}" ;;
     promote) pg_pair_promote "${1:-}" ;;
+    switchback) pg_pair_switchback ;;
     fence) pg_pair_fence "${1:-}" ;;
     pause-replication) pg_pair_pause_replication ;;
     resume-replication) pg_pair_resume_replication ;;

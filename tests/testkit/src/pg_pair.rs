@@ -110,6 +110,22 @@ pub async fn promote(n: usize) -> DateTime<Utc> {
     .await
 }
 
+/// After a failover to node 2, back to the start state with the data kept:
+/// node 1 rebuilt as node 2's standby, a planned switchover to it, node 2
+/// rebuilt as its synchronous standby. When node 1 took writes.
+pub async fn switchback() -> Result<DateTime<Utc>, String> {
+    let said =
+        tokio::task::spawn_blocking(|| pg_pair_sh(&["switchback"], Duration::from_secs(300)))
+            .await
+            .map_err(|e| e.to_string())??;
+    let promoted = said.lines().last().unwrap_or_default().trim();
+    let secs: f64 = promoted
+        .parse()
+        .map_err(|_| format!("switchback printed {said:?}, not when node 1 took writes"))?;
+    DateTime::from_timestamp_micros((secs * 1e6) as i64)
+        .ok_or_else(|| format!("switchback printed {promoted}, not a time"))
+}
+
 /// Node `n` refuses writes from now on, its open sessions included.
 pub async fn fence(n: usize) -> DateTime<Utc> {
     pair(vec!["fence".into(), n.to_string()], Duration::from_secs(30)).await
