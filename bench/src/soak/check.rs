@@ -414,17 +414,19 @@ mod tests {
 
     #[test]
     fn a_fault_in_flight_stretches_the_bound_from_its_repair_and_only_for_its_world() {
-        let kill = Record {
-            kind: Kind::PostgresRestart,
+        let failover = Record {
+            kind: Kind::DatabaseFailover {
+                detect: Duration::from_secs(5),
+            },
             started: at(5),
             recovered: at(30),
             error: None,
         };
-        // Due at 10, repaired at 30: 15 s + 5 s past the repair is allowed.
+        // Due at 10, promoted at 30: 10 s + 5 s past the promotion is allowed.
         let v = verdict(
             order("a", 10),
             row(10, Some(44), None),
-            std::slice::from_ref(&kill),
+            std::slice::from_ref(&failover),
         );
         assert!(v.violations.is_empty(), "{:?}", v.violations);
         assert_eq!(v.per_fault, vec![(1, Duration::from_secs(34))]);
@@ -441,14 +443,24 @@ mod tests {
         let v = verdict(
             order("a", 10),
             row(10, Some(44), None),
-            &[kill.clone(), blackhole],
+            &[failover.clone(), blackhole],
         );
         assert!(v.violations.is_empty(), "{:?}", v.violations);
         assert_eq!(
             v.per_fault,
             vec![(0, Duration::ZERO), (1, Duration::from_secs(34))]
         );
-        let v = verdict(order("a", 10), row(10, Some(51), None), &[kill]);
+        let v = verdict(order("a", 10), row(10, Some(46), None), &[failover]);
+        assert_eq!(v.violations.len(), 1, "{:?}", v.violations);
+        // A restart of the http world's PostgreSQL cannot excuse the sql
+        // world, whose orders live on the pair.
+        let restart = Record {
+            kind: Kind::PostgresRestart,
+            started: at(5),
+            recovered: at(30),
+            error: None,
+        };
+        let v = verdict(order("a", 10), row(10, Some(20), None), &[restart]);
         assert_eq!(v.violations.len(), 1, "{:?}", v.violations);
         // A gateway outage cannot excuse the sql world.
         let gateway = Record {

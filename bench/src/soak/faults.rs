@@ -4,10 +4,13 @@
 //! - The broker lane: kill -9, graceful stop or SIGSTOP of one node at a time,
 //!   then the node back, or one node cut off from the other two by a network
 //!   partition, then healed; at most one node is ever down or cut off.
-//! - The service lane: kill -9 of a `serve` (restarted), a PostgreSQL restart,
-//!   the sql world's database route blackholed, the http world's order service
-//!   or payment gateway failing (503s, or hanging past the client's timeout),
-//!   a `parked replay --all` while traffic runs, and a `ladder migrate`: the
+//! - The service lane: kill -9 of a `serve` (restarted), a restart of the
+//!   http world's PostgreSQL, a failover of the sql world's (its primary
+//!   killed, its synchronous standby promoted a few seconds later, as a
+//!   failover manager would; drawn again, a switchback, a planned switchover
+//!   back to the first node), the sql world's database routes blackholed,
+//!   the http world's order service or payment gateway failing (503s, or
+//!   hanging past the client's timeout), a `parked replay --all` while traffic runs, and a `ladder migrate`: the
 //!   sql world's order service schedules into an old ladder (another prefix,
 //!   which nothing consumes) for a while, as a publisher not yet moved to the
 //!   new prefix would, then `ladder migrate --from-prefix` moves what it holds
@@ -20,10 +23,11 @@
 //! the orders whose wait it overlapped, against the fault's [`Kind::bound`].
 
 use std::process::Stdio;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use order_expiry_testkit::{Reply, cluster};
+use order_expiry_testkit::{Reply, cluster, pg_pair};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio_util::sync::CancellationToken;
@@ -44,9 +48,16 @@ pub(super) enum Kind {
     NodePartition { node: usize, lasting: Duration },
     /// kill -9 of `serve` slot `slot`, started again after `down`.
     ServeKill { slot: usize, down: Duration },
-    /// `pg_ctlcluster ... restart` (fast shutdown: connections cut).
+    /// `pg_ctlcluster ... restart` of the http world's PostgreSQL (fast
+    /// shutdown: connections cut).
     PostgresRestart,
-    /// The sql world's database route blackholed for `lasting`.
+    /// kill -9 of the sql world's primary (node 1 of the pair); its
+    /// synchronous standby promoted after `detect`.
+    DatabaseFailover { detect: Duration },
+    /// After a failover: node 1 back as node 2's standby, then a planned
+    /// switchover to it (`pg-pair.sh switchback`).
+    DatabaseSwitchback,
+    /// The sql world's database routes blackholed for `lasting`.
     DatabaseBlackhole { lasting: Duration },
     /// The http world's order service answers 503 to every expire.
     OrderServiceDown { lasting: Duration },
@@ -88,6 +99,8 @@ impl Kind {
             Kind::ServeKill { .. } => 10,
             // The consumer's retry backoff (up to 10 s) and a reconnect.
             Kind::PostgresRestart | Kind::OrderServiceDown { .. } | Kind::GatewayDown { .. } => 15,
+            // tests/faults/failover: within 10 s of the promotion (`recovered`).
+            Kind::DatabaseFailover { .. } | Kind::DatabaseSwitchback => 10,
             // query_timeout (6 s) to notice, then the backoff.
             Kind::DatabaseBlackhole { .. } => 20,
             Kind::ParkedReplay => 0,
@@ -117,12 +130,15 @@ impl Kind {
             | Kind::NodeStop { .. }
             | Kind::NodePause { .. }
             | Kind::NodePartition { .. } => true,
-            Kind::PostgresRestart => true,
             Kind::ServeKill { slot, .. } => slot_world(*slot) == which,
-            Kind::DatabaseBlackhole { .. } | Kind::ParkedReplay | Kind::LadderMigrate { .. } => {
-                which == Which::Sql
+            Kind::DatabaseFailover { .. }
+            | Kind::DatabaseSwitchback
+            | Kind::DatabaseBlackhole { .. }
+            | Kind::ParkedReplay
+            | Kind::LadderMigrate { .. } => which == Which::Sql,
+            Kind::PostgresRestart | Kind::OrderServiceDown { .. } | Kind::GatewayDown { .. } => {
+                which == Which::Http
             }
-            Kind::OrderServiceDown { .. } | Kind::GatewayDown { .. } => which == Which::Http,
         }
     }
 
@@ -139,7 +155,14 @@ impl Kind {
             Kind::ServeKill { slot, down } => {
                 format!("kill -9 serve {}, down {}", slot + 1, s(down))
             }
-            Kind::PostgresRestart => "PostgreSQL restart".into(),
+            Kind::PostgresRestart => "PostgreSQL restart (http world)".into(),
+            Kind::DatabaseFailover { detect } => {
+                format!(
+                    "kill -9 of the primary, standby promoted after {}",
+                    s(detect)
+                )
+            }
+            Kind::DatabaseSwitchback => "switchback to the first primary".into(),
             Kind::DatabaseBlackhole { lasting } => {
                 format!("database route blackholed {}", s(lasting))
             }
@@ -169,6 +192,8 @@ impl Kind {
             Kind::NodePartition { .. } => "node cut off",
             Kind::ServeKill { .. } => "serve kill -9",
             Kind::PostgresRestart => "PostgreSQL restart",
+            Kind::DatabaseFailover { .. } => "PostgreSQL failover",
+            Kind::DatabaseSwitchback => "PostgreSQL switchback",
             Kind::DatabaseBlackhole { .. } => "database blackhole",
             Kind::OrderServiceDown { .. } => "order service down",
             Kind::GatewayDown { .. } => "gateway down",
@@ -217,6 +242,12 @@ pub(super) async fn lane(
                 lasting: Duration::from_secs(5),
             };
         }
+        // Failover and switchback take turns: after a failover the pair has
+        // no standby to promote until the switchback.
+        if matches!(kind, Kind::DatabaseFailover { .. }) && world.failed_over.load(Ordering::SeqCst)
+        {
+            kind = Kind::DatabaseSwitchback;
+        }
         tokio::select! {
             () = stop.cancelled() => return records,
             () = tokio::time::sleep(gap) => {}
@@ -230,9 +261,9 @@ pub(super) async fn lane(
         let started = Utc::now();
         let at = (started - soak_started).num_seconds();
         println!("soak +{:02}:{:02}: {}", at / 60, at % 60, kind.label());
-        let (error, caused) = match inject(world, kind).await {
-            Ok(caused) => (None, caused),
-            Err(e) => (Some(format!("{e:#}")), Vec::new()),
+        let (error, injected) = match inject(world, kind).await {
+            Ok(injected) => (None, injected),
+            Err(e) => (Some(format!("{e:#}")), Injected::default()),
         };
         if let Some(e) = &error {
             println!("soak: {} failed: {e}", kind.label());
@@ -240,9 +271,10 @@ pub(super) async fn lane(
         records.push(Record {
             kind,
             started,
-            recovered: Utc::now(),
+            recovered: injected.recovered.unwrap_or_else(Utc::now),
             error,
         });
+        let caused = injected.caused;
         records.extend(caused);
     }
 }
@@ -277,7 +309,7 @@ fn draw(rng: &mut StdRng, lane: Lane, serves: usize) -> (Duration, Kind) {
         }
         Lane::Service => {
             let gap = secs(rng, 5, 25);
-            let kind = match rng.random_range(0..12) {
+            let kind = match rng.random_range(0..13) {
                 0..=2 => Kind::ServeKill {
                     slot: rng.random_range(0..serves),
                     down: secs(rng, 0, 10),
@@ -294,6 +326,10 @@ fn draw(rng: &mut StdRng, lane: Lane, serves: usize) -> (Duration, Kind) {
                     hangs: rng.random_bool(0.5),
                 },
                 10 => Kind::ParkedReplay,
+                // Seconds a failover manager takes to see the primary gone.
+                11 => Kind::DatabaseFailover {
+                    detect: secs(rng, 2, 10),
+                },
                 _ => {
                     let lasting = secs(rng, 5, 20);
                     let node = rng.random_range(1..=3);
@@ -308,15 +344,34 @@ fn draw(rng: &mut StdRng, lane: Lane, serves: usize) -> (Duration, Kind) {
     }
 }
 
-/// Injects `kind` and repairs it; returns when it is repaired, with the
-/// records of the faults it caused besides itself.
-async fn inject(world: &SoakWorld, kind: Kind) -> anyhow::Result<Vec<Record>> {
+/// What injecting a fault left besides itself.
+#[derive(Debug, Default)]
+struct Injected {
+    /// The records of the faults it caused.
+    caused: Vec<Record>,
+    /// When it was repaired, if before it returned (a promotion, before the
+    /// new standby is made).
+    recovered: Option<DateTime<Utc>>,
+}
+
+impl From<Vec<Record>> for Injected {
+    fn from(caused: Vec<Record>) -> Self {
+        Self {
+            caused,
+            recovered: None,
+        }
+    }
+}
+
+/// Injects `kind` and repairs it; returns when it is repaired, with what it
+/// left.
+async fn inject(world: &SoakWorld, kind: Kind) -> anyhow::Result<Injected> {
     // The caller holds the node lock.
     let node_fault = |down: &'static str, up: &'static str, node: usize, lasting, limit| async move {
         cluster_sh(&[down, &node.to_string()], limit).await?;
         tokio::time::sleep(lasting).await;
         cluster_sh(&[up, &node.to_string()], 180).await?;
-        Ok(Vec::new())
+        Ok(Injected::default())
     };
     match kind {
         Kind::NodeKill { node, down } => node_fault("kill", "start", node, down, 30).await,
@@ -326,20 +381,35 @@ async fn inject(world: &SoakWorld, kind: Kind) -> anyhow::Result<Vec<Record>> {
             cluster_sh(&["isolate", &node.to_string()], 30).await?;
             tokio::time::sleep(lasting).await;
             cluster_sh(&["heal"], 30).await?;
-            Ok(Vec::new())
+            Ok(Injected::default())
         }
         Kind::ServeKill { slot, down } => {
             world.kill_serve(slot).await;
             tokio::time::sleep(down).await;
             world.start_serve(slot).await?;
-            Ok(Vec::new())
+            Ok(Injected::default())
         }
-        Kind::PostgresRestart => restart_postgres().await.map(|()| Vec::new()),
+        Kind::PostgresRestart => restart_postgres().await.map(|()| Injected::default()),
+        Kind::DatabaseFailover { detect } => {
+            pg_pair_sh(&["kill", "1"], 30).await?;
+            tokio::time::sleep(detect).await;
+            pg_pair_sh(&["promote", "2"], 90).await?;
+            world.failed_over.store(true, Ordering::SeqCst);
+            Ok(Injected::default())
+        }
+        Kind::DatabaseSwitchback => {
+            let promoted = pg_pair::switchback().await.map_err(anyhow::Error::msg)?;
+            world.failed_over.store(false, Ordering::SeqCst);
+            Ok(Injected {
+                caused: Vec::new(),
+                recovered: Some(promoted),
+            })
+        }
         Kind::DatabaseBlackhole { lasting } => {
-            world.db_proxy.blackhole();
+            world.blackhole_database();
             tokio::time::sleep(lasting).await;
-            world.db_proxy.restore();
-            Ok(Vec::new())
+            world.restore_database();
+            Ok(Injected::default())
         }
         Kind::OrderServiceDown { lasting } => {
             world
@@ -347,7 +417,7 @@ async fn inject(world: &SoakWorld, kind: Kind) -> anyhow::Result<Vec<Record>> {
                 .fail("expire", Reply::Status(503, "down for the soak".into()));
             tokio::time::sleep(lasting).await;
             world.endpoint.recover("expire");
-            Ok(Vec::new())
+            Ok(Injected::default())
         }
         Kind::GatewayDown { lasting, hangs } => {
             let reply = if hangs {
@@ -359,14 +429,14 @@ async fn inject(world: &SoakWorld, kind: Kind) -> anyhow::Result<Vec<Record>> {
             world.endpoint.fail("payment", reply);
             tokio::time::sleep(lasting).await;
             world.endpoint.recover("payment");
-            Ok(Vec::new())
+            Ok(Injected::default())
         }
         Kind::ParkedReplay => {
             let args = ["parked", "replay", "--all"];
             world
                 .cli(Which::Sql, 1, &args, Duration::from_secs(60))
                 .await?;
-            Ok(Vec::new())
+            Ok(Injected::default())
         }
         Kind::LadderMigrate { lasting, stop } => {
             world.old_ladder.open();
@@ -396,7 +466,7 @@ async fn inject(world: &SoakWorld, kind: Kind) -> anyhow::Result<Vec<Record>> {
             for lost in said.lines().filter(|l| l.contains("carrying on through")) {
                 println!("soak: ladder migrate: {lost}");
             }
-            Ok(caused)
+            Ok(caused.into())
         }
     }
 }
@@ -435,6 +505,17 @@ async fn migrate_as_node_stops(
     (said, record)
 }
 
+/// `scripts/lib/pg-pair.sh ARGS` within `limit_s` seconds.
+async fn pg_pair_sh(args: &[&str], limit_s: u64) -> anyhow::Result<()> {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        pg_pair::pg_pair_sh(&args, Duration::from_secs(limit_s)).map(drop)
+    })
+    .await?
+    .map_err(anyhow::Error::msg)
+}
+
 /// `scripts/lib/cluster.sh ARGS` within `limit_s` seconds.
 async fn cluster_sh(args: &[&str], limit_s: u64) -> anyhow::Result<()> {
     let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
@@ -468,7 +549,7 @@ async fn restart_postgres() -> anyhow::Result<()> {
 /// Brings every node back (a fault that failed midway), continuing a paused
 /// one, and repairs every injected fault: the end of a soak.
 pub(super) async fn repair_all(world: &SoakWorld) -> anyhow::Result<()> {
-    world.db_proxy.restore();
+    world.restore_database();
     world.endpoint.recover("expire");
     world.endpoint.recover("payment");
     cluster_sh(&["heal"], 30).await?;

@@ -11,8 +11,10 @@
 //! SVG of lateness over time with the faults marked.
 //!
 //! The cluster must be the one of `scripts/lib/cluster.sh` (4.3 by default);
-//! the soak brings it up, and restarts the local PostgreSQL as one of its
-//! faults: run it alone (scripts/test runs a short one in its cluster stage).
+//! the soak brings it up, and the PostgreSQL pair of `scripts/lib/pg-pair.sh`
+//! (the sql world's, which it fails over), and restarts the local PostgreSQL
+//! as one of its faults: run it alone (scripts/test runs a short one in its
+//! cluster stage).
 //! The same seed draws the same faults and the same orders.
 
 mod bundles;

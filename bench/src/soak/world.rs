@@ -4,8 +4,12 @@
 //!
 //! - **sql**: the SQL action, two `serve` (connected to node 1 and node 2
 //!   first), the outbox relay on, the sweeper on with a grace longer than every
-//!   fault's bound (so a sweep is a finding, not a repair); they reach
-//!   PostgreSQL through a [`Proxy`] that the database-route fault blackholes.
+//!   fault's bound (so a sweep is a finding, not a repair). Its orders live on
+//!   the primary and synchronous standby of `scripts/lib/pg-pair.sh`, which
+//!   the failover faults promote and switch back; the `serve` reach them
+//!   through a [`Proxy`] each, both in a multi-host URL
+//!   (`target_session_attrs=read-write`), which the database-route fault
+//!   blackholes together.
 //!   Its sweep statement marks what it cancels (`cancelled_by = 'sweeper'`),
 //!   so the checker tells the ladder's cancels from the sweeper's. Beside its
 //!   ladder, an [`OldLadder`] that nothing consumes, for the `ladder migrate`
@@ -21,6 +25,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use order_expiry::Settings;
+use order_expiry_testkit::pg_pair::{self, PairLock, Replication};
 use order_expiry_testkit::{Child, Endpoint, Launch, Proxy, World, cluster};
 use secrecy::{ExposeSecret, SecretString};
 use tokio::sync::Mutex;
@@ -72,15 +77,21 @@ pub(super) struct SoakWorld {
     pub(super) http: World,
     /// The http world's order service and payment gateway.
     pub(super) endpoint: Endpoint,
-    /// The sql world's `serve` processes reach PostgreSQL through it.
-    pub(super) db_proxy: Proxy,
+    /// The sql world's `serve` processes reach each node of the PostgreSQL
+    /// pair through one of these.
+    db_proxies: [Proxy; 2],
     /// The sql world's old ladder, for the `ladder migrate` fault.
     pub(super) old_ladder: OldLadder,
     /// Held by whatever takes a node down, so that at most one is down.
     pub(super) nodes: Mutex<()>,
+    /// Node 2 of the PostgreSQL pair is the primary and node 1 is down (a
+    /// failover happened and no switchback yet).
+    pub(super) failed_over: AtomicBool,
     binary: PathBuf,
     logs: PathBuf,
     slots: Mutex<Vec<Slot>>,
+    /// The PostgreSQL pair is the soak's until it ends.
+    _pair: PairLock,
 }
 
 impl SoakWorld {
@@ -92,7 +103,11 @@ impl SoakWorld {
         logs: PathBuf,
     ) -> anyhow::Result<Self> {
         ensure_vhost().await?;
-        let sql = world(base, "soak-sql").await?;
+        let pair = pg_pair::lock().await;
+        pg_pair::up(Replication::Sync).await;
+        let mut on_pair = base.clone();
+        on_pair.database.url = SecretString::from(pg_pair::url());
+        let sql = world(&on_pair, "soak-sql").await?;
         let http = world(base, "soak-http").await?;
         sql.store
             .client()
@@ -104,8 +119,10 @@ impl SoakWorld {
         let mut old = sql.settings.clone();
         old.topology.prefix.clone_from(&old_ladder.prefix);
         sql.declare(&old).await.context("the old ladder")?;
-        let upstream = postgres_addr(base)?;
-        let db_proxy = Proxy::start(upstream).await;
+        let db_proxies = [
+            Proxy::start(SocketAddr::from(([127, 0, 0, 1], pg_pair::PORTS[0]))).await,
+            Proxy::start(SocketAddr::from(([127, 0, 0, 1], pg_pair::PORTS[1]))).await,
+        ];
         let endpoint = Endpoint::order_service(std::sync::Arc::clone(&http.store)).await;
         std::fs::create_dir_all(&logs).context("the log directory")?;
         let slots = vec![
@@ -117,17 +134,43 @@ impl SoakWorld {
             sql,
             http,
             endpoint,
-            db_proxy,
+            db_proxies,
             old_ladder,
             binary,
             logs,
             nodes: Mutex::new(()),
+            failed_over: AtomicBool::new(false),
             slots: Mutex::new(slots),
+            _pair: pair,
         };
         for i in 0..3 {
             world.start_serve(i).await?;
         }
         Ok(world)
+    }
+
+    /// The sql world's multi-host URL with each host through its proxy: its
+    /// `serve` find the writable one themselves.
+    fn database_url_via_proxies(&self) -> String {
+        let [a, b] = self.db_proxies.each_ref().map(Proxy::addr);
+        let [p, q] = pg_pair::PORTS;
+        let direct = format!("127.0.0.1:{p},127.0.0.1:{q}");
+        let url = self.sql.settings.database.url.expose_secret();
+        assert!(
+            url.contains(&direct),
+            "the sql world is not on the pair: {url}"
+        );
+        url.replace(&direct, &format!("{a},{b}"))
+    }
+
+    /// Both routes to the sql world's database blackholed.
+    pub(super) fn blackhole_database(&self) {
+        self.db_proxies.iter().for_each(Proxy::blackhole);
+    }
+
+    /// Both routes to the sql world's database forward again.
+    pub(super) fn restore_database(&self) {
+        self.db_proxies.iter().for_each(Proxy::restore);
     }
 
     /// The settings of `which`'s world with the URL list (node `first` first).
@@ -170,12 +213,7 @@ impl SoakWorld {
             .env("ORDER_EXPIRY__LOG__FILTER", "info");
         match slot.which {
             Which::Sql => {
-                let through_proxy = settings
-                    .database
-                    .url
-                    .expose_secret()
-                    .replace("127.0.0.1:5432", &self.db_proxy.addr().to_string());
-                settings.database.url = SecretString::from(through_proxy);
+                settings.database.url = SecretString::from(self.database_url_via_proxies());
                 settings.sweeper.enabled = true;
                 settings.sweeper.grace = SWEEP_GRACE;
                 launch = launch
@@ -488,13 +526,4 @@ async fn ensure_vhost() -> anyhow::Result<()> {
     .await
     .map_err(anyhow::Error::msg)?;
     Ok(())
-}
-
-/// The address of `base`'s PostgreSQL (`127.0.0.1:5432` in the defaults).
-fn postgres_addr(base: &Settings) -> anyhow::Result<SocketAddr> {
-    let url = base.database.url.expose_secret();
-    if !url.contains("127.0.0.1:5432") {
-        bail!("the soak proxies the database at 127.0.0.1:5432; database.url is elsewhere");
-    }
-    Ok(SocketAddr::from(([127, 0, 0, 1], 5432)))
 }
