@@ -21,7 +21,10 @@
 //!    majority;
 //! 3. (long) a flapping link: that node cut 5 s, healed 5 s, for a minute;
 //! 4. (long) a partial partition: that node and the next cut apart for 30 s,
-//!    both still linked to the third, a `serve` on each side.
+//!    both still linked to the third, a `serve` on each side;
+//! 5. (long) the busiest node cut off for 30 s during a flash sale: 50,000
+//!    orders (bundles on, as by default) due over 10 s from 5 s into the cut,
+//!    placed through the node before it, besides the steady orders.
 //!
 //! `CLUSTER_PARTITION_SERVES=minority` starts both `serve`s on the cut-off
 //! node: the orders then wait for the heal, and the goal fails (the scenario
@@ -88,7 +91,16 @@ struct Plan {
     /// Only the link between the target and the next node is cut; both keep
     /// theirs to the third (a partial partition).
     partial: bool,
+    /// A flash sale of this many orders due over [`SALE_SPREAD`] from
+    /// [`SALE_AFTER`] into the first cut, placed before it.
+    sale: usize,
 }
+
+/// When the flash sale's first order falls due, from the first cut.
+const SALE_AFTER: Duration = Duration::from_secs(5);
+
+/// Over how long the flash sale's orders fall due.
+const SALE_SPREAD: Duration = Duration::from_secs(10);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_node_cut_off_30_s_with_a_serve_and_the_publisher_on_it() {
@@ -99,6 +111,7 @@ async fn one_node_cut_off_30_s_with_a_serve_and_the_publisher_on_it() {
         publish_on_target: true,
         windows: vec![(Duration::ZERO, Duration::from_secs(30))],
         partial: false,
+        sale: 0,
     })
     .await;
 }
@@ -113,6 +126,7 @@ async fn the_due_queues_leader_cut_off_serves_on_the_majority() {
         publish_on_target: false,
         windows: vec![(Duration::ZERO, Duration::from_secs(30))],
         partial: false,
+        sale: 0,
     })
     .await;
 }
@@ -133,6 +147,7 @@ async fn a_flapping_link_cut_5_s_healed_5_s_for_a_minute() {
         publish_on_target: true,
         windows,
         partial: false,
+        sale: 0,
     })
     .await;
 }
@@ -147,6 +162,22 @@ async fn a_partial_partition_two_nodes_cut_apart_both_linked_to_the_third() {
         publish_on_target: true,
         windows: vec![(Duration::ZERO, Duration::from_secs(30))],
         partial: true,
+        sale: 0,
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "long: 50,000 orders (scripts/test --long)"]
+async fn one_node_cut_off_30_s_during_a_flash_sale_of_50_000_orders() {
+    run(Plan {
+        name: "one node cut off 30 s during a flash sale of 50,000 orders",
+        target: Target::BusiestLadder,
+        serves: Serves::CutAndMajority,
+        publish_on_target: true,
+        windows: vec![(Duration::ZERO, Duration::from_secs(30))],
+        partial: false,
+        sale: 50_000,
     })
     .await;
 }
@@ -185,6 +216,12 @@ async fn run(mut plan: Plan) {
     let publisher = if plan.publish_on_target { target } else { next };
     let orders = orders_on(&world, publisher);
     tokio::time::sleep(Duration::from_secs(5)).await;
+    let sale = place_sale(&world, publisher, plan.sale).await;
+    if let Some(sale) = &sale {
+        // The first cut [`SALE_AFTER`] before the sale falls due.
+        let cut = sale.first_due - TimeDelta::from_std(SALE_AFTER).expect("small");
+        tokio::time::sleep((cut - Utc::now()).to_std().unwrap_or_default()).await;
+    }
 
     let (began, began_wall) = (Instant::now(), Utc::now());
     let mut seen = Vec::new();
@@ -209,8 +246,11 @@ async fn run(mut plan: Plan) {
     }
     let healed = (Instant::now(), Utc::now());
     seen.push(watch_joined(target, healed.0).await);
-    let ledger = orders.stop().await;
+    let mut ledger = orders.stop().await;
     let calls_during = ledger.outcomes_between(began, healed.0);
+    if let Some(sale) = &sale {
+        ledger.orders.extend(sale.ledger.orders.iter().cloned());
+    }
     let (_, first_error) = ledger.errors();
 
     let figures = settle(&world, &ledger, healed.1).await;
@@ -219,6 +259,20 @@ async fn run(mut plan: Plan) {
     let later = Lateness::of(&ledger, &rows, |o| o.due_at > settling);
     let first = Lateness::of(&ledger, &rows, |o| o.due_at <= settling);
     let past_heal = Lateness::since(&ledger, &rows, Some(healed.1), |_| true);
+    let sale_said = match &sale {
+        None => String::new(),
+        Some(sale) => {
+            let lateness = Lateness::of(&ledger, &rows, |o| o.id.starts_with(SALE_PREFIX));
+            format!(
+                "; flash sale: {} orders placed in {:.1} s ({} not scheduled), first due {:.1} s \
+                 into the cut, lateness from due {lateness}",
+                plan.sale,
+                sale.placing.as_secs_f64(),
+                sale.ledger.orders.iter().filter(|o| !o.scheduled).count(),
+                (sale.first_due - began_wall).num_milliseconds() as f64 / 1000.0,
+            )
+        }
+    };
     let after = (world.leaders(".ladder.").await, world.leaders(".due").await);
     let reconnects = sum_metric(&serves, "order_expiry_reconnects_total").await;
     let cut = match plan.partial {
@@ -232,7 +286,7 @@ async fn run(mut plan: Plan) {
              {}; leaders (ladder, due) before {:?}, during {during:?}, after {after:?}; \
              schedule() during the cut: {} ok, {} failed (first: {}); \
              lateness from due: orders due in the first {} s {first}; later {later}; \
-             past the heal {past_heal}; {reconnects} reconnects",
+             past the heal {past_heal}; {reconnects} reconnects{sale_said}",
             seen.join("; "),
             (ladder_before, due_before),
             calls_during.0,
@@ -256,6 +310,50 @@ async fn run(mut plan: Plan) {
     );
     drop(serves);
     world.cleanup().await;
+}
+
+/// The flash sale's order ids start with this.
+const SALE_PREFIX: &str = "sale-";
+
+/// A flash sale placed before the cut.
+struct Sale {
+    ledger: Ledger,
+    /// When its first order falls due.
+    first_due: DateTime<Utc>,
+    /// How long creating, scheduling and paying took.
+    placing: Duration,
+}
+
+/// `count` orders (none when 0) due over [`SALE_SPREAD`] from a time far
+/// enough ahead to place them all first, in no order, created, scheduled with
+/// `schedule_many` through node `publisher` (bundles, as by default) and every
+/// tenth paid.
+async fn place_sale(world: &ClusterWorld, publisher: usize, count: usize) -> Option<Sale> {
+    if count == 0 {
+        return None;
+    }
+    let started = Instant::now();
+    let first_due = Utc::now() + TimeDelta::seconds(40);
+    let spread = SALE_SPREAD.as_millis() as i64;
+    let orders: Vec<_> = (0..count)
+        .map(|i| {
+            let offset = (i as i64 * 7_919) % spread;
+            let due = first_due + TimeDelta::milliseconds(offset);
+            (format!("{SALE_PREFIX}{i}"), due)
+        })
+        .collect();
+    let scheduler = world.scheduler_on(publisher, Duration::from_secs(30));
+    let ledger = Ledger::place(world, &scheduler, &orders, 10).await;
+    let placing = started.elapsed();
+    assert!(
+        Utc::now() + TimeDelta::from_std(SALE_AFTER).expect("small") < first_due,
+        "placing the sale took {placing:?}: its orders fell due before the cut"
+    );
+    Some(Sale {
+        ledger,
+        first_due,
+        placing,
+    })
 }
 
 /// Waits until `target` and the other two (with `partial`, the next node
