@@ -10,13 +10,14 @@
 //!   failover manager would; drawn again, a switchback, a planned switchover
 //!   back to the first node), the sql world's database routes blackholed,
 //!   the http world's order service or payment gateway failing (503s, or
-//!   hanging past the client's timeout), a `parked replay --all` while traffic runs, and a `ladder migrate`: the
-//!   sql world's order service schedules into an old ladder (another prefix,
-//!   which nothing consumes) for a while, as a publisher not yet moved to the
-//!   new prefix would, then `ladder migrate --from-prefix` moves what it holds
-//!   into the current ladder while traffic runs. Every other migration
-//!   overlaps a node stop on purpose: the node it is given first is stopped
-//!   as it starts, and it must carry on through another (issue 33).
+//!   hanging past the client's timeout), a `parked replay --all` while
+//!   traffic runs, and a `ladder migrate`: the sql world's order service
+//!   schedules into an old ladder (another prefix, which nothing consumes)
+//!   for a while, as a publisher not yet moved to the new prefix would, then
+//!   `ladder migrate --from-prefix` moves what it holds into the current
+//!   ladder while traffic runs. Every other migration overlaps a node stop
+//!   on purpose: the node it is given first is stopped as it starts, and it
+//!   must carry on through another (issue 33).
 //!
 //! Each fault is recorded with when it started and when it was repaired
 //! (`recovered`): the checker measures lateness from max(due, recovered) for
@@ -274,8 +275,7 @@ pub(super) async fn lane(
             recovered: injected.recovered.unwrap_or_else(Utc::now),
             error,
         });
-        let caused = injected.caused;
-        records.extend(caused);
+        records.extend(injected.caused);
     }
 }
 
@@ -507,21 +507,25 @@ async fn migrate_as_node_stops(
 
 /// `scripts/lib/pg-pair.sh ARGS` within `limit_s` seconds.
 async fn pg_pair_sh(args: &[&str], limit_s: u64) -> anyhow::Result<()> {
-    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-    tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        pg_pair::pg_pair_sh(&args, Duration::from_secs(limit_s)).map(drop)
-    })
-    .await?
-    .map_err(anyhow::Error::msg)
+    script(pg_pair::pg_pair_sh, args, limit_s).await
 }
 
 /// `scripts/lib/cluster.sh ARGS` within `limit_s` seconds.
 async fn cluster_sh(args: &[&str], limit_s: u64) -> anyhow::Result<()> {
+    script(cluster::cluster_sh, args, limit_s).await
+}
+
+/// One of the testkit's script runners with `args`, within `limit_s`
+/// seconds, on a blocking thread.
+async fn script(
+    run: fn(&[&str], Duration) -> Result<String, String>,
+    args: &[&str],
+    limit_s: u64,
+) -> anyhow::Result<()> {
     let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
     tokio::task::spawn_blocking(move || {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        cluster::cluster_sh(&args, Duration::from_secs(limit_s)).map(drop)
+        run(&args, Duration::from_secs(limit_s)).map(drop)
     })
     .await?
     .map_err(anyhow::Error::msg)
