@@ -93,26 +93,34 @@ pub(crate) struct Admin {
 }
 
 impl Admin {
-    /// Connects with `settings` as `name`.
+    /// Connects with `settings` as `name`. A node lost between the connect
+    /// and the first channel (one stopping as the command starts accepts the
+    /// connection, then resets it) is left for another node of `amqp.url`,
+    /// as a node lost later is ([`Resume`]).
     pub(crate) async fn open(settings: &Settings, name: &str) -> Result<Self, OpsError> {
         let timeout = settings.amqp.timeout;
         let tls = TlsFiles::from_settings(&settings.amqp);
-        let connection = amqp::connect(&settings.amqp.url, &tls, name, timeout).await?;
-        let channel =
-            match amqp::bounded("channel.open", timeout, connection.create_channel()).await {
-                Ok(channel) => channel,
+        let mut resume = Resume::new("opening a channel").through(&settings.amqp.url);
+        loop {
+            let connection = amqp::connect(&settings.amqp.url, &tls, name, timeout).await?;
+            resume.connected();
+            let opening = connection.create_channel();
+            match amqp::bounded("channel.open", timeout, opening).await {
+                Ok(channel) => {
+                    return Ok(Self {
+                        connection,
+                        channel,
+                        timeout,
+                        settings: settings.clone(),
+                        name: name.to_owned(),
+                    });
+                }
                 Err(error) => {
                     amqp::close_failed(&connection, timeout).await;
-                    return Err(error.into());
+                    resume.after(OpsError::from(error)).await?;
                 }
-            };
-        Ok(Self {
-            connection,
-            channel,
-            timeout,
-            settings: settings.clone(),
-            name: name.to_owned(),
-        })
+            }
+        }
     }
 
     /// A new connection in place of this one (after its node was lost): to

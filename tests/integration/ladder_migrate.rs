@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use chrono::{TimeDelta, Utc};
 use order_expiry::Settings;
-use order_expiry_testkit::{World, number_after, run_cli, succeeded};
+use order_expiry_testkit::{Proxy, World, amqp_port, number_after, run_cli, succeeded};
 use rand::Rng;
+use secrecy::ExposeSecret;
 
 /// Runs `order-expiry ladder migrate ARGS` with `settings` (the new ladder).
 async fn migrate(settings: &Settings, args: &[&str]) -> String {
@@ -187,6 +188,53 @@ async fn migrate_moves_what_waited_in_the_old_catch_up_queue() {
         !env.has_queue(&catch_up).await,
         "the old catch-up queue deleted"
     );
+    consumer.stop().await;
+    env.cleanup().await;
+}
+
+/// Whether `bytes` hold an AMQP `channel.open` method frame: frame type 1,
+/// a channel, a size, then class 20 (channel) and method 10 (open).
+fn channel_open(bytes: &[u8]) -> bool {
+    bytes
+        .windows(11)
+        .any(|f| f[0] == 1 && f[1..3] != [0, 0] && f[7..11] == [0, 20, 0, 10])
+}
+
+/// A node that goes away between the connect and the first channel: the
+/// soak found `ladder migrate` exit 1 with `channel.open: Connection reset by
+/// peer` when the node it was given first accepted its connection while
+/// stopping. Here the first URL of the list is a proxy to the broker that
+/// resets each connection at its `channel.open`; the migration must carry on
+/// through the second, and move what the old ladder holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_carries_on_when_its_first_node_resets_at_the_first_channel() {
+    let env = World::builder().kind("mgr").build().await.expect("a world");
+    let mut new = env.settings.clone();
+    new.topology.prefix = format!("{}-new", env.settings.topology.prefix);
+    env.declare(&new).await.unwrap();
+    let due = Utc::now() + TimeDelta::seconds(6);
+    let orders: Vec<(String, chrono::DateTime<Utc>)> =
+        (0..20).map(|i| (format!("r-{i:02}"), due)).collect();
+    env.create_orders(&orders).await;
+    for r in env.scheduler().schedule_many(orders).await {
+        r.expect("scheduled into the old ladder");
+    }
+    let consumer = env.start_consumer_with(&new);
+
+    let broker = ([127, 0, 0, 1], amqp_port()).into();
+    let proxy = Proxy::cutting(broker, channel_open).await;
+    let url = new.amqp.url.expose_secret().to_owned();
+    let direct = format!("127.0.0.1:{}", amqp_port());
+    assert!(url.contains(&direct), "{url}");
+    let mut through_proxy = new.clone();
+    through_proxy.amqp.url =
+        format!("{},{url}", url.replace(&direct, &proxy.addr().to_string())).into();
+    let from = ["--from-prefix", &env.settings.topology.prefix];
+    let out = migrate(&through_proxy, &from).await;
+    eprintln!("{out}");
+    assert!(proxy.cuts() > 0, "the proxy never reset a connection");
+    assert!(number_after(&out, "moved") > 0.0, "{out}");
+    all_cancelled_none_early(&env, 20).await;
     consumer.stop().await;
     env.cleanup().await;
 }

@@ -4,8 +4,12 @@
 //! A clean shutdown of the server never shows what that does to a client; this
 //! does. [`Proxy::restore`] forwards again: connections that lived through the
 //! black hole lost bytes, so they are closed, and new ones go through.
+//! [`Proxy::cutting`] instead resets a connection (both sides, RST) when the
+//! client sends bytes a predicate picks: a node that dies at that point.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -18,16 +22,37 @@ pub struct Proxy {
     addr: SocketAddr,
     blackholed: watch::Sender<bool>,
     stop: CancellationToken,
+    cuts: Arc<AtomicUsize>,
 }
+
+/// Picks the client's bytes at which [`Proxy::cutting`] resets a connection.
+pub type Cut = fn(&[u8]) -> bool;
 
 impl Proxy {
     /// Listens on a free port of 127.0.0.1 and forwards to `upstream`.
     pub async fn start(upstream: SocketAddr) -> Self {
+        Self::listen(upstream, None).await
+    }
+
+    /// As [`Proxy::start`], but a connection whose client sends bytes that
+    /// `cut` picks is reset instead, both ways, those bytes never forwarded.
+    pub async fn cutting(upstream: SocketAddr, cut: Cut) -> Self {
+        Self::listen(upstream, Some(cut)).await
+    }
+
+    /// Connections [`Proxy::cutting`] has reset.
+    pub fn cuts(&self) -> usize {
+        self.cuts.load(Ordering::SeqCst)
+    }
+
+    async fn listen(upstream: SocketAddr, cut: Option<Cut>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let addr = listener.local_addr().expect("proxy address");
         let (blackholed, state) = watch::channel(false);
         let stop = CancellationToken::new();
         let done = stop.clone();
+        let cuts = Arc::new(AtomicUsize::new(0));
+        let cut = cut.map(|cut| (cut, Arc::clone(&cuts)));
         tokio::spawn(async move {
             loop {
                 let client = tokio::select! {
@@ -37,13 +62,21 @@ impl Proxy {
                         Err(_) => continue,
                     },
                 };
-                tokio::spawn(connection(client, upstream, state.clone(), done.clone()));
+                let cut = cut.clone();
+                tokio::spawn(connection(
+                    client,
+                    upstream,
+                    state.clone(),
+                    done.clone(),
+                    cut,
+                ));
             }
         });
         Self {
             addr,
             blackholed,
             stop,
+            cuts,
         }
     }
 
@@ -75,6 +108,7 @@ async fn connection(
     upstream: SocketAddr,
     mut state: watch::Receiver<bool>,
     stop: CancellationToken,
+    cut: Option<(Cut, Arc<AtomicUsize>)>,
 ) {
     let mut buf_in = vec![0u8; 16 * 1024];
     let mut buf_out = vec![0u8; 16 * 1024];
@@ -102,6 +136,17 @@ async fn connection(
             }
             read = client.read(&mut buf_in) => match read {
                 Ok(0) | Err(_) => return,
+                Ok(n) if cut.as_ref().is_some_and(|(cut, _)| cut(&buf_in[..n])) => {
+                    if let Some((_, cuts)) = &cut {
+                        cuts.fetch_add(1, Ordering::SeqCst);
+                    }
+                    // Closed with a zero linger: each side gets an RST.
+                    let _ = client.set_zero_linger();
+                    if let Some(server) = &server {
+                        let _ = server.set_zero_linger();
+                    }
+                    return;
+                }
                 Ok(n) if !blackholed => {
                     if let Some(server) = server.as_mut()
                         && server.write_all(&buf_in[..n]).await.is_err()
