@@ -30,11 +30,12 @@
 //! node: the orders then wait for the heal, and the goal fails (the scenario
 //! broken on purpose).
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
 use order_expiry_testkit::cluster::{cut, heal, isolate, peers_of};
-use order_expiry_testkit::{Lateness, sum_metric};
+use order_expiry_testkit::{Lateness, OrderRow, sum_metric};
 
 use crate::support::{ClusterWorld, Figures, Ledger, NodesBack, orders_on, rows};
 
@@ -102,17 +103,28 @@ const SALE_AFTER: Duration = Duration::from_secs(5);
 /// Over how long the flash sale's orders fall due.
 const SALE_SPREAD: Duration = Duration::from_secs(10);
 
+impl Plan {
+    /// The node leading the most ladder levels cut off once for 30 s, a
+    /// `serve` on it and one on the next node, the order service publishing
+    /// through it; no flash sale.
+    fn cut_off(name: &'static str) -> Self {
+        Self {
+            name,
+            target: Target::BusiestLadder,
+            serves: Serves::CutAndMajority,
+            publish_on_target: true,
+            windows: vec![(Duration::ZERO, Duration::from_secs(30))],
+            partial: false,
+            sale: 0,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_node_cut_off_30_s_with_a_serve_and_the_publisher_on_it() {
-    run(Plan {
-        name: "one node cut off 30 s, a serve and the publisher on it",
-        target: Target::BusiestLadder,
-        serves: Serves::CutAndMajority,
-        publish_on_target: true,
-        windows: vec![(Duration::ZERO, Duration::from_secs(30))],
-        partial: false,
-        sale: 0,
-    })
+    run(Plan::cut_off(
+        "one node cut off 30 s, a serve and the publisher on it",
+    ))
     .await;
 }
 
@@ -120,13 +132,10 @@ async fn one_node_cut_off_30_s_with_a_serve_and_the_publisher_on_it() {
 #[ignore = "long: a second partition scenario (scripts/test --long)"]
 async fn the_due_queues_leader_cut_off_serves_on_the_majority() {
     run(Plan {
-        name: "due queue leader cut off 30 s, serves on the majority",
         target: Target::DueLeader,
         serves: Serves::Majority,
         publish_on_target: false,
-        windows: vec![(Duration::ZERO, Duration::from_secs(30))],
-        partial: false,
-        sale: 0,
+        ..Plan::cut_off("due queue leader cut off 30 s, serves on the majority")
     })
     .await;
 }
@@ -141,13 +150,8 @@ async fn a_flapping_link_cut_5_s_healed_5_s_for_a_minute() {
         })
         .collect();
     run(Plan {
-        name: "flapping: cut 5 s, healed 5 s, for a minute",
-        target: Target::BusiestLadder,
-        serves: Serves::CutAndMajority,
-        publish_on_target: true,
         windows,
-        partial: false,
-        sale: 0,
+        ..Plan::cut_off("flapping: cut 5 s, healed 5 s, for a minute")
     })
     .await;
 }
@@ -156,13 +160,10 @@ async fn a_flapping_link_cut_5_s_healed_5_s_for_a_minute() {
 #[ignore = "long: a partial partition (scripts/test --long)"]
 async fn a_partial_partition_two_nodes_cut_apart_both_linked_to_the_third() {
     run(Plan {
-        name: "partial: busiest node and the next cut apart 30 s, both linked to the third",
-        target: Target::BusiestLadder,
-        serves: Serves::CutAndMajority,
-        publish_on_target: true,
-        windows: vec![(Duration::ZERO, Duration::from_secs(30))],
         partial: true,
-        sale: 0,
+        ..Plan::cut_off(
+            "partial: busiest node and the next cut apart 30 s, both linked to the third",
+        )
     })
     .await;
 }
@@ -171,13 +172,8 @@ async fn a_partial_partition_two_nodes_cut_apart_both_linked_to_the_third() {
 #[ignore = "long: 50,000 orders (scripts/test --long)"]
 async fn one_node_cut_off_30_s_during_a_flash_sale_of_50_000_orders() {
     run(Plan {
-        name: "one node cut off 30 s during a flash sale of 50,000 orders",
-        target: Target::BusiestLadder,
-        serves: Serves::CutAndMajority,
-        publish_on_target: true,
-        windows: vec![(Duration::ZERO, Duration::from_secs(30))],
-        partial: false,
         sale: 50_000,
+        ..Plan::cut_off("one node cut off 30 s during a flash sale of 50,000 orders")
     })
     .await;
 }
@@ -273,6 +269,7 @@ async fn run(mut plan: Plan) {
             )
         }
     };
+    let held = held_span(&rows, began_wall);
     let after = (world.leaders(".ladder.").await, world.leaders(".due").await);
     let reconnects = sum_metric(&serves, "order_expiry_reconnects_total").await;
     let cut = match plan.partial {
@@ -283,7 +280,7 @@ async fn run(mut plan: Plan) {
         plan.name,
         &format!(
             "{cut}; serves on {serve_nodes:?}, orders through node {publisher}; \
-             {}; leaders (ladder, due) before {:?}, during {during:?}, after {after:?}; \
+             {}; {held}; leaders (ladder, due) before {:?}, during {during:?}, after {after:?}; \
              schedule() during the cut: {} ok, {} failed (first: {}); \
              lateness from due: orders due in the first {} s {first}; later {later}; \
              past the heal {past_heal}; {reconnects} reconnects{sale_said}",
@@ -311,6 +308,29 @@ async fn run(mut plan: Plan) {
     drop(serves);
     world.cleanup().await;
 }
+
+/// When, from the first cut, the orders held up were cancelled: those
+/// cancelled more than [`HELD`] past their due time, the first and the last
+/// (the timeline's "first cancel after detection" and "last late order").
+fn held_span(rows: &HashMap<String, OrderRow>, cut: DateTime<Utc>) -> String {
+    let held = TimeDelta::from_std(HELD).expect("small");
+    let mut at: Vec<f64> = rows
+        .values()
+        .filter_map(|r| r.cancelled_at.filter(|&c| c - r.pay_deadline > held))
+        .map(|c| (c - cut).num_milliseconds() as f64 / 1000.0)
+        .collect();
+    at.sort_by(f64::total_cmp);
+    match (at.first(), at.last()) {
+        (Some(first), Some(last)) => format!(
+            "{} orders cancelled over {HELD:?} late, from {first:.1} s to {last:.1} s after the cut",
+            at.len()
+        ),
+        _ => format!("no order cancelled over {HELD:?} late"),
+    }
+}
+
+/// Later than this past its due time, an order was held up by the fault.
+const HELD: Duration = Duration::from_secs(1);
 
 /// The flash sale's order ids start with this.
 const SALE_PREFIX: &str = "sale-";
