@@ -27,6 +27,8 @@ use tokio_postgres::Statement;
 
 use crate::goals::{self, Bench, Measurement};
 
+pub mod slots;
+
 /// The physical limit: flips the status of every unpaid order of `$1`, and
 /// nothing else.
 pub const BARE_UPDATE: &str = "UPDATE orders SET status = 'cancelled', cancelled_at = now() \
@@ -61,6 +63,11 @@ pub struct CancelArgs {
     /// declares it); repeatable.
     #[arg(long, value_name = "SQL")]
     pub also: Vec<String>,
+    /// Instead of the ratio table: `database.cancel_sql`'s orders a second
+    /// with this many statements in flight (comma-separated), each on its
+    /// own connection and all pipelined on one ([`slots`]); --orders each.
+    #[arg(long, value_delimiter = ',')]
+    pub slots: Vec<usize>,
 }
 
 /// One batch size: the medians over the repetitions.
@@ -81,8 +88,16 @@ pub struct CancelRow {
 }
 
 /// Runs the benchmark in a world of its own (its own schema), prints the
-/// table and judges the goals it measured.
+/// table and judges the goals it measured; with `--slots`, the slots table
+/// (no goal).
 pub async fn run(settings: &Settings, args: &CancelArgs) -> anyhow::Result<()> {
+    if !args.slots.is_empty() {
+        let world = world(settings).await?;
+        let rows = slots::run(&world, args).await;
+        world.cleanup().await;
+        println!("{}", slots::table(&rows?, args.repetitions));
+        return Ok(());
+    }
     let rows = measure(settings, args).await?;
     println!("{}", table(&rows, args.repetitions));
     let verdicts = goals::judge(Bench::Cancel, &measurements(&rows), false);
@@ -99,15 +114,20 @@ pub async fn measure(settings: &Settings, args: &CancelArgs) -> anyhow::Result<V
             && args.concurrency > 0,
         "batch sizes, orders, statements, repetitions and concurrency start at 1"
     );
-    let world = World::builder()
+    let world = world(settings).await?;
+    let rows = measure_in(&world, args).await;
+    world.cleanup().await;
+    rows
+}
+
+/// A world of the benchmark's own: its schema, no topology.
+async fn world(settings: &Settings) -> anyhow::Result<World> {
+    World::builder()
         .settings(settings.clone())
         .kind("bench-cancel")
         .declare(false)
         .build()
-        .await?;
-    let rows = measure_in(&world, args).await;
-    world.cleanup().await;
-    rows
+        .await
 }
 
 /// One repetition at one batch size: µs per order of each statement
@@ -443,6 +463,7 @@ mod tests {
             concurrency: 1,
             alter: None,
             also: Vec::new(),
+            slots: Vec::new(),
         };
         assert_eq!(orders_at(&args, 1), 300);
         assert_eq!(orders_at(&args, 30), 6000);
