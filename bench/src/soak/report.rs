@@ -83,7 +83,7 @@ pub(super) fn text(run: &Run<'_>) -> String {
         "\nfaults: {} ({})\n\
          orders: {} ({} in bursts), cancelled {} (by the sweeper {}, each never scheduled: {}), \
          paid {}, kept by the gateway's \"paid\" {}, extended {}, never scheduled {}, \
-         poison parked {}, schedule calls retried {}\n\
+         poison sent {} (and {} unconfirmed publishes), schedule calls retried {}\n\
          lateness of the ladder's cancels: p50 {}, p99 {}, p99.9 {}, max {}",
         run.faults.len(),
         families.join(", "),
@@ -97,6 +97,7 @@ pub(super) fn text(run: &Run<'_>) -> String {
         v.extended,
         v.never_scheduled,
         run.ledger.poison,
+        run.ledger.poison_unsure,
         run.ledger.schedule_errors,
         fmt_ms(percentile(&ladder, 50.0)),
         fmt_ms(percentile(&ladder, 99.0)),

@@ -21,6 +21,7 @@
 //! orders with the same deadlines (their times follow the machine's pace).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
@@ -84,8 +85,21 @@ pub(super) struct Ledger {
     pub(super) orders: Vec<Order>,
     /// Poison messages confirmed into the sql world's due queue.
     pub(super) poison: usize,
+    /// Poison publishes that went out and got no confirm (a node cut off or
+    /// gone before it answered): each may have reached the queue all the
+    /// same, so the attempt that followed may have sent a second copy.
+    pub(super) poison_unsure: usize,
     /// Failed `schedule` calls (each retried).
     pub(super) schedule_errors: u64,
+}
+
+impl Ledger {
+    /// What the sql world's parked queue should hold at the end: every
+    /// confirmed poison message, and perhaps a copy of each unsure publish.
+    pub(super) fn parked_expected(&self) -> std::ops::RangeInclusive<u64> {
+        let confirmed = self.poison as u64;
+        confirmed..=confirmed + self.poison_unsure as u64
+    }
 }
 
 /// What an order task is told to do.
@@ -387,13 +401,19 @@ impl Traffic {
             }
             n += 1;
             let body = format!("poison {n}: this is not an expiry message");
+            let mut unsure = 0;
             for attempt in 0..30 {
-                if publish_confirmed(attempt % 3 + 1, &due_queue, body.as_bytes()).await {
-                    self.ledger.lock().await.poison += 1;
-                    break;
+                match publish_confirmed(attempt % 3 + 1, &due_queue, body.as_bytes()).await {
+                    Published::Confirmed => {
+                        self.ledger.lock().await.poison += 1;
+                        break;
+                    }
+                    Published::Unsure => unsure += 1,
+                    Published::NotSent => {}
                 }
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
+            self.ledger.lock().await.poison_unsure += unsure;
         }
     }
 }
@@ -431,8 +451,20 @@ async fn extend(store: &PgOrderStore, id: &str, later: DateTime<Utc>) -> bool {
     .unwrap_or(false)
 }
 
-/// `body` into `queue` through node `n`, with a publisher confirm.
-async fn publish_confirmed(n: usize, queue: &str, body: &[u8]) -> bool {
+/// How one confirmed publish ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Published {
+    /// The broker confirmed it.
+    Confirmed,
+    /// It never left (no connection, no channel) or the broker refused it.
+    NotSent,
+    /// It was sent and no confirm came: it may be in the queue or not.
+    Unsure,
+}
+
+/// Publishes `body` to `queue` through node `n` with a confirm, within 10 s.
+async fn publish_confirmed(n: usize, queue: &str, body: &[u8]) -> Published {
+    let sent = AtomicBool::new(false);
     let attempt = async {
         let url = cluster::node_url(n, VHOST);
         let connection = Connection::connect(&url, ConnectionProperties::default()).await?;
@@ -440,6 +472,7 @@ async fn publish_confirmed(n: usize, queue: &str, body: &[u8]) -> bool {
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await?;
+        sent.store(true, Ordering::SeqCst);
         let confirm = channel
             .basic_publish(
                 "".into(),
@@ -453,10 +486,12 @@ async fn publish_confirmed(n: usize, queue: &str, body: &[u8]) -> bool {
         let _ = connection.close(200, "published".into()).await;
         Ok::<_, lapin::Error>(confirm.is_ack())
     };
-    matches!(
-        tokio::time::timeout(Duration::from_secs(10), attempt).await,
-        Ok(Ok(true))
-    )
+    match tokio::time::timeout(Duration::from_secs(10), attempt).await {
+        Ok(Ok(true)) => Published::Confirmed,
+        Ok(Ok(false)) => Published::NotSent,
+        _ if sent.load(Ordering::SeqCst) => Published::Unsure,
+        _ => Published::NotSent,
+    }
 }
 
 /// Runs `op` every 200 ms until it succeeds (true) or `give_up` passes (false).
