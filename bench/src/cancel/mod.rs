@@ -202,16 +202,8 @@ async fn create_orders(
     for (i, &batch) in args.batch_sizes.iter().enumerate() {
         let mut per_statement = Vec::with_capacity(statements);
         for k in 0..statements {
-            let orders: Vec<(String, DateTime<Utc>)> = (0..orders_at(args, batch))
-                .map(|n| (format!("r{rep}-b{i}-s{k}-{n}"), due_at))
-                .collect();
-            for chunk in orders.chunks(10_000) {
-                world
-                    .insert_orders(chunk)
-                    .await
-                    .context("creating orders")?;
-            }
-            per_statement.push(orders.into_iter().map(|(id, _)| id).collect());
+            let prefix = format!("r{rep}-b{i}-s{k}");
+            per_statement.push(overdue(world, &prefix, orders_at(args, batch), due_at).await?);
         }
         sets.push(per_statement);
     }
@@ -221,6 +213,25 @@ async fn create_orders(
         .batch_execute("ANALYZE orders")
         .await?;
     Ok(sets)
+}
+
+/// `count` unpaid orders `PREFIX-<n>` due at `due_at`, created; their ids.
+async fn overdue(
+    world: &World,
+    prefix: &str,
+    count: usize,
+    due_at: DateTime<Utc>,
+) -> anyhow::Result<Vec<String>> {
+    let orders: Vec<(String, DateTime<Utc>)> = (0..count)
+        .map(|n| (format!("{prefix}-{n}"), due_at))
+        .collect();
+    for chunk in orders.chunks(10_000) {
+        world
+            .insert_orders(chunk)
+            .await
+            .context("creating orders")?;
+    }
+    Ok(orders.into_iter().map(|(id, _)| id).collect())
 }
 
 /// One connection and every statement prepared on it.

@@ -19,7 +19,7 @@ use order_expiry::service::{PgOrderStore, PooledClient};
 use order_expiry_testkit::World;
 use tokio_postgres::Statement;
 
-use super::{CancelArgs, median};
+use super::{CancelArgs, median, overdue};
 
 /// How the statements in flight reach the database.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,16 +68,7 @@ pub async fn run(world: &World, args: &CancelArgs) -> anyhow::Result<Vec<SlotsRo
         let due_at = Utc::now() - TimeDelta::seconds(1);
         let mut sets = Vec::with_capacity(configs.len());
         for c in 0..configs.len() {
-            let orders: Vec<(String, DateTime<Utc>)> = (0..args.orders)
-                .map(|n| (format!("s{rep}-c{c}-{n}"), due_at))
-                .collect();
-            for chunk in orders.chunks(10_000) {
-                world
-                    .insert_orders(chunk)
-                    .await
-                    .context("creating orders")?;
-            }
-            sets.push(orders.into_iter().map(|(id, _)| id).collect::<Vec<_>>());
+            sets.push(overdue(world, &format!("s{rep}-c{c}"), args.orders, due_at).await?);
         }
         store
             .client()
