@@ -21,6 +21,16 @@ async fn migrate(settings: &Settings, args: &[&str]) -> String {
     )
 }
 
+/// The settings of a new ladder of `levels` beside the world's (its prefix
+/// and `-new`), declared.
+async fn new_ladder(env: &World, levels: u8) -> Settings {
+    let mut new = env.settings.clone();
+    new.topology.prefix = format!("{}-new", env.settings.topology.prefix);
+    new.topology.levels = levels;
+    env.declare(&new).await.unwrap();
+    new
+}
+
 /// `n` unpaid orders due 4-40 s from now, scheduled into the world's ladder
 /// at once: the publisher's window fills and most leave in v2 bundles, which
 /// the migration moves as bundles. How many messages carry them.
@@ -77,10 +87,7 @@ async fn migrate_while_running(old_levels: u8, new_levels: u8, n: usize, old_con
         .build()
         .await
         .expect("a world");
-    let mut new = env.settings.clone();
-    new.topology.prefix = format!("{}-new", env.settings.topology.prefix);
-    new.topology.levels = new_levels;
-    env.declare(&new).await.unwrap();
+    let new = new_ladder(&env, new_levels).await;
     let messages = in_flight(&env, n).await;
     assert!(
         messages < n,
@@ -153,9 +160,7 @@ async fn migrate_moves_what_waited_in_the_old_catch_up_queue() {
     let mut old = env.settings.clone();
     old.topology.catch_up_after = Duration::from_secs(1);
     env.declare(&old).await.unwrap();
-    let mut new = env.settings.clone();
-    new.topology.prefix = format!("{}-new", env.settings.topology.prefix);
-    env.declare(&new).await.unwrap();
+    let new = new_ladder(&env, env.settings.topology.levels).await;
 
     let due = Utc::now() + TimeDelta::milliseconds(500);
     let orders: Vec<(String, chrono::DateTime<Utc>)> =
@@ -209,9 +214,7 @@ fn channel_open(bytes: &[u8]) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_carries_on_when_its_first_node_resets_at_the_first_channel() {
     let env = World::builder().kind("mgr").build().await.expect("a world");
-    let mut new = env.settings.clone();
-    new.topology.prefix = format!("{}-new", env.settings.topology.prefix);
-    env.declare(&new).await.unwrap();
+    let new = new_ladder(&env, env.settings.topology.levels).await;
     let due = Utc::now() + TimeDelta::seconds(6);
     let orders: Vec<(String, chrono::DateTime<Utc>)> =
         (0..20).map(|i| (format!("r-{i:02}"), due)).collect();
