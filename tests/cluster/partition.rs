@@ -272,6 +272,7 @@ async fn run(mut plan: Plan) {
     let held = held_span(&rows, began_wall);
     let after = (world.leaders(".ladder.").await, world.leaders(".due").await);
     let reconnects = sum_metric(&serves, "order_expiry_reconnects_total").await;
+    let caught_up = sum_metric(&serves, "order_expiry_catch_up_total").await;
     let cut = match plan.partial {
         true => format!("nodes {target} and {next} cut apart"),
         false => format!("node {target} cut off"),
@@ -283,7 +284,8 @@ async fn run(mut plan: Plan) {
              {}; {held}; leaders (ladder, due) before {:?}, during {during:?}, after {after:?}; \
              schedule() during the cut: {} ok, {} failed (first: {}); \
              lateness from due: orders due in the first {} s {first}; later {later}; \
-             past the heal {past_heal}; {reconnects} reconnects{sale_said}",
+             past the heal {past_heal}; {reconnects} reconnects; {caught_up} orders through \
+             the catch-up queue{sale_said}",
             seen.join("; "),
             (ladder_before, due_before),
             calls_during.0,
@@ -291,6 +293,23 @@ async fn run(mut plan: Plan) {
             first_error.unwrap_or("none"),
             SETTLING.as_secs(),
         ),
+    );
+    // The broker's share: how late the deliveries that came due reached a
+    // `serve` (the ladder and the queue), beside when the orders were cancelled.
+    let bucket = |le: &str| format!("order_expiry_arrival_lateness_seconds_bucket{{le=\"{le}\"}}");
+    let mut arrived = Vec::new();
+    for le in ["1", "5", "10", "30"] {
+        arrived.push(format!(
+            "{} within {le} s",
+            sum_metric(&serves, &bucket(le)).await
+        ));
+    }
+    println!(
+        "TIMELINE {}: of {} deliveries that came due, {}; {}",
+        plan.name,
+        sum_metric(&serves, &bucket("+Inf")).await,
+        arrived.join(", "),
+        by_due_second(&rows, began_wall)
     );
     figures.assert_invariants();
     assert!(
@@ -327,6 +346,40 @@ fn held_span(rows: &HashMap<String, OrderRow>, cut: DateTime<Utc>) -> String {
         ),
         _ => format!("no order cancelled over {HELD:?} late"),
     }
+}
+
+/// Per second of due time from the cut, while any order due then was held
+/// up: how many orders were cancelled and the latest of them, from due.
+fn by_due_second(rows: &HashMap<String, OrderRow>, cut: DateTime<Utc>) -> String {
+    let mut seconds: std::collections::BTreeMap<i64, (usize, f64)> = Default::default();
+    for row in rows.values() {
+        let Some(cancelled) = row.cancelled_at else {
+            continue;
+        };
+        let second = (row.pay_deadline - cut).num_milliseconds().div_euclid(1000);
+        let late = (cancelled - row.pay_deadline).num_milliseconds() as f64 / 1000.0;
+        let entry = seconds.entry(second).or_default();
+        entry.0 += 1;
+        entry.1 = entry.1.max(late);
+    }
+    let held = HELD.as_secs_f64();
+    let first = seconds
+        .iter()
+        .find(|(_, (_, max))| *max > held)
+        .map(|(&s, _)| s);
+    let last = seconds
+        .iter()
+        .rev()
+        .find(|(_, (_, max))| *max > held)
+        .map(|(&s, _)| s);
+    let (Some(first), Some(last)) = (first, last) else {
+        return "no order held up".into();
+    };
+    seconds
+        .range(first..=last)
+        .map(|(s, (n, max))| format!("due +{s} s: {n} cancelled, max {max:.1} s"))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Later than this past its due time, an order was held up by the fault.
