@@ -21,7 +21,9 @@
 //!    majority;
 //! 3. (long) a flapping link: that node cut 5 s, healed 5 s, for a minute;
 //! 4. (long) a partial partition: that node and the next cut apart for 30 s,
-//!    both still linked to the third, a `serve` on each side;
+//!    both still linked to the third, a `serve` on each side. Not held to
+//!    the goal: an order may wait for the heal, then at most
+//!    [`PARTIAL_PAST_HEAL`] (see there why);
 //! 5. (long) the busiest node cut off for 30 s during a flash sale: 50,000
 //!    orders (bundles on, as by default) due over 10 s from 5 s into the cut,
 //!    placed through the node before it, besides the steady orders.
@@ -55,6 +57,21 @@ const SETTLING: Duration = Duration::from_secs(10);
 /// consumer timeout and a redelivery; measured well under 20 s, held to 30 s
 /// on this shared two-core machine (the issue's ceiling).
 const BOUND: Duration = Duration::from_secs(30);
+
+/// A partial partition holds orders until its heal, whatever the client
+/// does: the quorum queues led on either of the two nodes cut apart lose
+/// their leader to the other, again and again (each, no longer hearing the
+/// leader, wins an election with the third node's vote; measured on RabbitMQ
+/// 4.3.6, a queue led by the cut node changed leader every 2.5 s for 45 s of
+/// a 75 s cut). Neither node can then reach a leader on the other: a publish
+/// through one to a queue led on the other was nacked after 22.7 s. So a
+/// ladder level led on one side cannot dead-letter into a due queue led on
+/// the other, and a `serve` on either side gets little. Only the third node
+/// reaches every leader. Past the heal, what waited drains: measured up to
+/// 13.4 s past it (the dead-letter workers retry after
+/// `dead_letter_worker_publisher_confirm_timeout`, 5 s in deploy/; the
+/// catch-up lane takes the backlog), held to this.
+const PARTIAL_PAST_HEAL: Duration = Duration::from_secs(20);
 
 /// A cut at least this long must be seen by both sides (net_ticktime is 10 s).
 const LONG_CUT: Duration = Duration::from_secs(20);
@@ -312,6 +329,17 @@ async fn run(mut plan: Plan) {
         by_due_second(&rows, began_wall)
     );
     figures.assert_invariants();
+    if plan.partial {
+        assert!(
+            past_heal.max <= PARTIAL_PAST_HEAL,
+            "an order was cancelled {:?} past the later of its due time and the heal of a \
+             partial partition, beyond {PARTIAL_PAST_HEAL:?}: {past_heal}",
+            past_heal.max
+        );
+        drop(serves);
+        world.cleanup().await;
+        return;
+    }
     assert!(
         later.max <= GOAL,
         "an order due more than {SETTLING:?} into the partition was cancelled {:?} after its \
