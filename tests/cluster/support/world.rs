@@ -97,6 +97,11 @@ impl ClusterWorld {
         cluster::leaders(&vhost(), &self.settings.topology.prefix, part).await
     }
 
+    /// Moves every queue's leader to node `n`.
+    pub async fn lead_all_on(&self, n: usize) {
+        cluster::lead_all_on(&vhost(), &self.settings.topology.prefix, n).await;
+    }
+
     /// The nodes the consumers of the due queue are connected to (one entry per
     /// consumer), from their channels' process ids.
     pub async fn due_consumer_nodes(&self) -> Vec<usize> {

@@ -224,6 +224,43 @@ pub async fn leaders(vhost: &str, prefix: &str, part: &str) -> [usize; 3] {
     counts
 }
 
+/// Moves the leader of every quorum queue of `prefix` to node `n` (Ra's
+/// leadership transfer, through `rabbitmqctl eval` on that node), and waits
+/// until the listing shows it, at most 60 s: the worst placement for a fault
+/// on that node.
+pub async fn lead_all_on(vhost: &str, prefix: &str, n: usize) {
+    let node = &layout().nodes[n - 1];
+    let transfer = format!(
+        "[begin {{Ra, _}} = amqqueue:get_pid(Q), \
+           {{ok, _, Leader}} = ra:members(amqqueue:get_pid(Q)), \
+           ra:transfer_leadership(Leader, {{Ra, '{node}'}}) end \
+         || Q <- rabbit_amqqueue:list(<<\"{vhost}\">>), \
+            amqqueue:get_type(Q) =:= rabbit_quorum_queue, \
+            lists:prefix(\"{prefix}.\", binary_to_list(element(4, amqqueue:get_name(Q))))]."
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Err(e) = ctl(n, &["eval", &transfer]).await {
+            eprintln!("moving the leaders of {prefix} to node {n}: {e}");
+        }
+        let placed = queues(vhost, prefix, &["leader", "type"]).await;
+        let elsewhere: Vec<_> = placed
+            .iter()
+            .filter(|(_, f)| f.get(1).is_some_and(|t| t == "quorum"))
+            .filter(|(_, f)| f.first().and_then(|l| node_number(l)) != Some(n))
+            .map(|(name, _)| name.clone())
+            .collect();
+        if elsewhere.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the leaders of {elsewhere:?} did not move to node {n} within 60 s"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 /// Heals every cut and starts every node that is not running when dropped (a
 /// scenario that failed midway), so that the next one finds three nodes that
 /// see each other.
