@@ -19,7 +19,8 @@ pub async fn world_on_database(name: &str, url: &str) -> World {
     build(name, World::builder().database_url(url)).await
 }
 
-async fn build(name: &str, builder: WorldBuilder) -> World {
+/// A world from `builder` (more ladder levels, another database...).
+pub async fn build(name: &str, builder: WorldBuilder) -> World {
     ensure_broker_up();
     ensure_database_up();
     let world = builder.scenario("faults", name).build().await;
