@@ -445,11 +445,24 @@ mod tests {
     }
 
     #[test]
-    fn tls_files_come_from_the_environment() {
-        let s = with_env(&[("ORDER_EXPIRY__AMQP__TLS_CA_FILE", "/etc/tls/ca.pem")]);
+    fn environment_overrides_defaults_and_durations_keep_their_millisecond_keys() {
+        let s = with_env(&[
+            ("ORDER_EXPIRY__TOPOLOGY__PREFIX", "t1"),
+            ("ORDER_EXPIRY__CONSUMER__PREFETCH", "7"),
+            ("ORDER_EXPIRY__HTTP__LISTEN", "0.0.0.0:9"),
+            ("ORDER_EXPIRY__AMQP__TLS_CA_FILE", "/etc/tls/ca.pem"),
+            ("ORDER_EXPIRY__SWEEPER__ENABLED", "false"),
+            ("ORDER_EXPIRY__SWEEPER__GRACE_MS", "1500"),
+            ("ORDER_EXPIRY__CONSUMER__MAX_HOLD_MS", "250"),
+        ]);
+        assert_eq!((s.topology.prefix.as_str(), s.consumer.prefetch), ("t1", 7));
+        assert_eq!(s.http.listen, "0.0.0.0:9");
         assert_eq!(s.amqp.tls_ca_file, Some(PathBuf::from("/etc/tls/ca.pem")));
         assert_eq!(s.amqp.tls_cert_file, None);
         assert_eq!(s.topology.vhost, "order-expiry");
+        assert!(!s.sweeper.enabled);
+        assert_eq!(s.sweeper.grace, Duration::from_millis(1500));
+        assert_eq!(s.consumer.max_hold, Duration::from_millis(250));
     }
 
     #[test]
@@ -475,18 +488,6 @@ mod tests {
     }
 
     #[test]
-    fn durations_keep_their_millisecond_keys() {
-        let s = with_env(&[
-            ("ORDER_EXPIRY__SWEEPER__ENABLED", "false"),
-            ("ORDER_EXPIRY__SWEEPER__GRACE_MS", "1500"),
-            ("ORDER_EXPIRY__CONSUMER__MAX_HOLD_MS", "250"),
-        ]);
-        assert!(!s.sweeper.enabled);
-        assert_eq!(s.sweeper.grace, Duration::from_millis(1500));
-        assert_eq!(s.consumer.max_hold, Duration::from_millis(250));
-    }
-
-    #[test]
     fn step_lists_come_from_a_file_or_the_environment() {
         let s = Settings::default();
         assert_eq!(s.action.check.steps.len(), 8);
@@ -505,18 +506,6 @@ mod tests {
         assert_eq!(s.action.check.final_outcome, FinalOutcome::Keep);
         let one = with_env(&[("ORDER_EXPIRY__CONSUMER__UNKNOWN_RECHECKS_MS", "500")]);
         assert_eq!(one.consumer.unknown_rechecks, [ms(500)]);
-    }
-
-    #[test]
-    fn environment_overrides_defaults() {
-        let s = with_env(&[
-            ("ORDER_EXPIRY__TOPOLOGY__PREFIX", "t1"),
-            ("ORDER_EXPIRY__CONSUMER__PREFETCH", "7"),
-            ("ORDER_EXPIRY__HTTP__LISTEN", "0.0.0.0:9"),
-        ]);
-        assert_eq!(s.topology.prefix, "t1");
-        assert_eq!(s.consumer.prefetch, 7);
-        assert_eq!(s.http.listen, "0.0.0.0:9");
     }
 
     #[test]

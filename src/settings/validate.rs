@@ -377,6 +377,17 @@ mod tests {
         s.validate().unwrap();
     }
 
+    /// The HTTP action at a valid URL, the sweeper off.
+    fn http_on(s: &mut Settings) {
+        http(s, "http://orders:8080");
+    }
+
+    /// The payment check on at a valid URL, the sweeper off.
+    fn check_on(s: &mut Settings) {
+        check(s, "http://gateway");
+        s.sweeper.enabled = false;
+    }
+
     /// Every rejected combination: what is changed, the key named, and a word
     /// of the reason.
     #[test]
@@ -385,296 +396,77 @@ mod tests {
         const fn ms(n: u64) -> Duration {
             Duration::from_millis(n)
         }
+        #[rustfmt::skip]
         let table: &[(Change, &str, &str)] = &[
-            (
-                |s| s.consumer.prefetch = 0,
-                "consumer.prefetch",
-                "unlimited",
-            ),
-            (
-                |s| s.consumer.batch_max = 0,
-                "consumer.batch_max",
-                "at least 1",
-            ),
-            (
-                |s| s.consumer.batch_concurrency = 0,
-                "consumer.batch_concurrency",
-                "at least 1",
-            ),
-            (
-                |s| s.consumer.max_body_bytes = 0,
-                "consumer.max_body_bytes",
-                "at least 1",
-            ),
-            (
-                |s| s.consumer.max_hold = ms(1300),
-                "consumer.max_hold_ms",
-                "parked",
-            ),
-            (
-                |s| s.publisher.lead = ms(29_000),
-                "consumer.max_hold_ms",
-                "lead_ms, the longer) + 1 s",
-            ),
-            (
-                |s| s.publisher.bundle_lead_at_least = ms(29_000),
-                "consumer.max_hold_ms",
-                "bundle_lead_ms",
-            ),
-            (
-                |s| s.consumer.retry_initial = ms(0),
-                "consumer.retry_initial_ms",
-                "not 0",
-            ),
-            (
-                |s| s.consumer.retry_initial = ms(20_000),
-                "consumer.retry_initial_ms",
-                "ceiling",
-            ),
-            (
-                |s| s.consumer.drain_timeout = ms(0),
-                "consumer.drain_timeout_ms",
-                "not 0",
-            ),
-            (
-                |s| s.database.pool_size = 0,
-                "database.pool_size",
-                "at least 1",
-            ),
-            (
-                |s| s.database.statement_timeout = ms(0),
-                "database.statement_timeout_ms",
-                "not 0",
-            ),
-            (
-                |s| s.database.lock_timeout = ms(0),
-                "database.lock_timeout_ms",
-                "not 0",
-            ),
-            (
-                |s| s.database.connect_timeout = ms(0),
-                "database.connect_timeout_ms",
-                "not 0",
-            ),
-            (
-                |s| s.database.acquire_timeout = ms(0),
-                "database.acquire_timeout_ms",
-                "not 0",
-            ),
-            (
-                |s| s.database.query_timeout = ms(5000),
-                "database.query_timeout_ms",
-                "statement_timeout",
-            ),
-            (
-                |s| s.database.query_timeout = ms(0),
-                "database.query_timeout_ms",
-                "statement_timeout",
-            ),
-            (
-                |s| s.database.cancel_sql = " ".into(),
-                "database.cancel_sql",
-                "empty",
-            ),
-            (
-                |s| s.database.exists_sql = String::new(),
-                "database.exists_sql",
-                "empty",
-            ),
-            (
-                |s| s.sweeper.interval = ms(0),
-                "sweeper.interval_ms",
-                "not 0",
-            ),
-            (
-                |s| s.sweeper.batch_max = 0,
-                "sweeper.batch_max",
-                "at least 1",
-            ),
-            (
-                |s| s.sweeper.sweep_sql = String::new(),
-                "sweeper.sweep_sql",
-                "empty",
-            ),
-            (
-                |s| s.outbox.poll_interval = ms(0),
-                "outbox.poll_interval_ms",
-                "not 0",
-            ),
+            (|s| s.consumer.prefetch = 0, "consumer.prefetch", "unlimited"),
+            (|s| s.consumer.batch_max = 0, "consumer.batch_max", "at least 1"),
+            (|s| s.consumer.batch_concurrency = 0, "consumer.batch_concurrency", "at least 1"),
+            (|s| s.consumer.max_body_bytes = 0, "consumer.max_body_bytes", "at least 1"),
+            (|s| s.consumer.max_hold = ms(1300), "consumer.max_hold_ms", "parked"),
+            (|s| s.publisher.lead = ms(29_000),
+                "consumer.max_hold_ms", "lead_ms, the longer) + 1 s"),
+            (|s| s.publisher.bundle_lead_at_least = ms(29_000),
+                "consumer.max_hold_ms", "bundle_lead_ms"),
+            (|s| s.consumer.retry_initial = ms(0), "consumer.retry_initial_ms", "not 0"),
+            (|s| s.consumer.retry_initial = ms(20_000), "consumer.retry_initial_ms", "ceiling"),
+            (|s| s.consumer.drain_timeout = ms(0), "consumer.drain_timeout_ms", "not 0"),
+            (|s| s.database.pool_size = 0, "database.pool_size", "at least 1"),
+            (|s| s.database.statement_timeout = ms(0), "database.statement_timeout_ms", "not 0"),
+            (|s| s.database.lock_timeout = ms(0), "database.lock_timeout_ms", "not 0"),
+            (|s| s.database.connect_timeout = ms(0), "database.connect_timeout_ms", "not 0"),
+            (|s| s.database.acquire_timeout = ms(0), "database.acquire_timeout_ms", "not 0"),
+            (|s| s.database.query_timeout = ms(5000),
+                "database.query_timeout_ms", "statement_timeout"),
+            (|s| s.database.query_timeout = ms(0),
+                "database.query_timeout_ms", "statement_timeout"),
+            (|s| s.database.cancel_sql = " ".into(), "database.cancel_sql", "empty"),
+            (|s| s.database.exists_sql = String::new(), "database.exists_sql", "empty"),
+            (|s| s.sweeper.interval = ms(0), "sweeper.interval_ms", "not 0"),
+            (|s| s.sweeper.batch_max = 0, "sweeper.batch_max", "at least 1"),
+            (|s| s.sweeper.sweep_sql = String::new(), "sweeper.sweep_sql", "empty"),
+            (|s| s.outbox.poll_interval = ms(0), "outbox.poll_interval_ms", "not 0"),
             (|s| s.outbox.batch_max = 0, "outbox.batch_max", "at least 1"),
-            (
-                |s| s.outbox.retry_initial = ms(0),
-                "outbox.retry_initial_ms",
-                "not 0",
-            ),
-            (
-                |s| s.outbox.retry_initial = ms(20_000),
-                "outbox.retry_initial_ms",
-                "ceiling",
-            ),
-            (
-                |s| s.http.ready_timeout = ms(0),
-                "http.ready_timeout_ms",
-                "not 0",
-            ),
-            (
-                |s| s.consumer.unknown_rechecks = vec![ms(1000), ms(0)],
-                "consumer.unknown_rechecks_ms",
-                "step of 0 ms",
-            ),
-            (
-                |s| s.consumer.unknown_rechecks = vec![ms(4_194_304_000)],
-                "consumer.unknown_rechecks_ms",
-                "longer than the ladder",
-            ),
+            (|s| s.outbox.retry_initial = ms(0), "outbox.retry_initial_ms", "not 0"),
+            (|s| s.outbox.retry_initial = ms(20_000), "outbox.retry_initial_ms", "ceiling"),
+            (|s| s.http.ready_timeout = ms(0), "http.ready_timeout_ms", "not 0"),
+            (|s| s.consumer.unknown_rechecks = vec![ms(1000), ms(0)],
+                "consumer.unknown_rechecks_ms", "step of 0 ms"),
+            (|s| s.consumer.unknown_rechecks = vec![ms(4_194_304_000)],
+                "consumer.unknown_rechecks_ms", "longer than the ladder"),
             (|s| http(s, ""), "action.http.base_url", "is empty"),
-            (
-                |s| http(s, "ftp://orders"),
-                "action.http.base_url",
-                "not an http",
-            ),
-            (
-                |s| http(s, "https://"),
-                "action.http.base_url",
-                "with a host",
-            ),
-            (
-                |s| {
-                    http(s, "http://orders:8080");
-                    s.action.http.timeout = ms(0);
-                },
-                "action.http.timeout_ms",
-                "not 0",
-            ),
-            (
-                |s| {
-                    http(s, "http://orders:8080");
-                    s.action.http.concurrency = 0;
-                },
-                "action.http.concurrency",
-                "at least 1",
-            ),
-            (
-                |s| {
-                    s.sweeper.enabled = false;
-                    s.action.kind = ActionKind::Amqp;
-                },
-                "action.amqp.exchange",
-                "is empty",
-            ),
-            (
-                |s| {
-                    http(s, "http://orders");
-                    s.sweeper.enabled = true;
-                },
-                "sweeper.enabled",
-                "action.kind = http",
-            ),
-            (
-                |s| {
-                    s.action.kind = ActionKind::Amqp;
-                    s.action.amqp.exchange = "events".into();
-                },
-                "sweeper.enabled",
-                "action.kind = amqp",
-            ),
-            (
-                |s| check(s, "http://gateway"),
-                "sweeper.enabled",
-                "payment gateway",
-            ),
-            (
-                |s| {
-                    check(s, "");
-                    s.sweeper.enabled = false;
-                },
-                "action.check.base_url",
-                "is empty",
-            ),
-            (
-                |s| {
-                    check(s, "http://gateway");
-                    s.sweeper.enabled = false;
-                    s.action.check.steps = Vec::new();
-                },
-                "action.check.steps_ms",
-                "is empty",
-            ),
-            (
-                |s| {
-                    check(s, "http://gateway");
-                    s.sweeper.enabled = false;
-                    s.action.check.steps = vec![ms(1000), ms(0)];
-                },
-                "action.check.steps_ms",
-                "step of 0 ms",
-            ),
-            (
-                |s| {
-                    check(s, "http://gateway");
-                    s.sweeper.enabled = false;
-                    s.action.check.timeout = ms(0);
-                },
-                "action.check.timeout_ms",
-                "not 0",
-            ),
-            (
-                |s| {
-                    check(s, "http://gateway");
-                    s.sweeper.enabled = false;
-                    s.action.check.concurrency = 0;
-                },
-                "action.check.concurrency",
-                "at least 1",
-            ),
+            (|s| http(s, "ftp://orders"), "action.http.base_url", "not an http"),
+            (|s| http(s, "https://"), "action.http.base_url", "with a host"),
+            (|s| { http_on(s); s.action.http.timeout = ms(0) }, "action.http.timeout_ms", "not 0"),
+            (|s| { http_on(s); s.action.http.concurrency = 0 },
+                "action.http.concurrency", "at least 1"),
+            (|s| { s.sweeper.enabled = false; s.action.kind = ActionKind::Amqp },
+                "action.amqp.exchange", "is empty"),
+            (|s| { http_on(s); s.sweeper.enabled = true }, "sweeper.enabled", "action.kind = http"),
+            (|s| { s.action.kind = ActionKind::Amqp; s.action.amqp.exchange = "events".into() },
+                "sweeper.enabled", "action.kind = amqp"),
+            (|s| check(s, "http://gateway"), "sweeper.enabled", "payment gateway"),
+            (|s| { check(s, ""); s.sweeper.enabled = false }, "action.check.base_url", "is empty"),
+            (|s| { check_on(s); s.action.check.steps = Vec::new() },
+                "action.check.steps_ms", "is empty"),
+            (|s| { check_on(s); s.action.check.steps = vec![ms(1000), ms(0)] },
+                "action.check.steps_ms", "step of 0 ms"),
+            (|s| { check_on(s); s.action.check.timeout = ms(0) },
+                "action.check.timeout_ms", "not 0"),
+            (|s| { check_on(s); s.action.check.concurrency = 0 },
+                "action.check.concurrency", "at least 1"),
             (|s| s.amqp.timeout = ms(0), "amqp.timeout_ms", "not 0"),
-            (
-                |s| s.amqp.reconnect_initial = ms(0),
-                "amqp.reconnect_initial_ms",
-                "not 0",
-            ),
-            (
-                |s| s.amqp.reconnect_initial = ms(20_000),
-                "amqp.reconnect_initial_ms",
-                "ceiling",
-            ),
+            (|s| s.amqp.reconnect_initial = ms(0), "amqp.reconnect_initial_ms", "not 0"),
+            (|s| s.amqp.reconnect_initial = ms(20_000), "amqp.reconnect_initial_ms", "ceiling"),
             (|s| s.topology.levels = 0, "topology.levels", "levels"),
-            (
-                |s| s.topology.replicas = 0,
-                "topology.replicas",
-                "at least 1",
-            ),
-            (
-                |s| s.amqp.url = " , ".to_owned().into(),
-                "amqp.url",
-                "no broker",
-            ),
+            (|s| s.topology.replicas = 0, "topology.replicas", "at least 1"),
+            (|s| s.amqp.url = " , ".to_owned().into(), "amqp.url", "no broker"),
             (|s| s.topology.levels = 40, "topology.levels", "levels"),
-            (
-                |s| s.topology.prefix = "a b".into(),
-                "topology.prefix",
-                "prefix",
-            ),
-            (
-                |s| s.publisher.max_in_flight = 0,
-                "publisher.max_in_flight",
-                "at least 1",
-            ),
-            (
-                |s| s.publisher.bundle_max_orders = 0,
-                "publisher.bundle_max_orders",
-                "at least 1",
-            ),
-            (
-                |s| s.publisher.bundle_max_bytes = 100,
-                "publisher.bundle_max_bytes",
-                "at least",
-            ),
-            (
-                |s| s.publisher.bundle_max_bytes = 1 << 20,
-                "publisher.bundle_max_bytes",
-                "parked unread",
-            ),
+            (|s| s.topology.prefix = "a b".into(), "topology.prefix", "prefix"),
+            (|s| s.publisher.max_in_flight = 0, "publisher.max_in_flight", "at least 1"),
+            (|s| s.publisher.bundle_max_orders = 0, "publisher.bundle_max_orders", "at least 1"),
+            (|s| s.publisher.bundle_max_bytes = 100, "publisher.bundle_max_bytes", "at least"),
+            (|s| s.publisher.bundle_max_bytes = 1 << 20,
+                "publisher.bundle_max_bytes", "parked unread"),
         ];
         for (change, key, reason) in table {
             let mut settings = Settings::default();
@@ -688,31 +480,29 @@ mod tests {
 
     /// An order service configured apart from its consumers is refused at
     /// start, with the key and the reason, instead of having its bundles
-    /// parked whole.
+    /// parked whole; and it checks only its own keys.
     #[test]
-    fn the_publisher_refuses_what_its_consumers_would_park() {
-        let mut settings = Settings::default();
-        settings.publisher.bundle_max_bytes = 65_536;
-        let error = settings.validate_publisher().unwrap_err();
-        assert_eq!(error.key, "publisher.bundle_max_bytes");
-        assert!(error.to_string().contains("parked unread"), "{error}");
-        let mut settings = Settings::default();
-        settings.publisher.bundle_lead_at_least = Duration::from_secs(40);
-        let error = settings.validate_publisher().unwrap_err();
-        assert_eq!(error.key, "consumer.max_hold_ms");
-        assert!(error.to_string().contains("far too early"), "{error}");
-    }
-
-    #[test]
-    fn the_publisher_checks_only_its_own_keys() {
+    fn the_publisher_refuses_what_its_consumers_would_park_and_checks_only_its_keys() {
+        type Change = fn(&mut Settings);
+        #[rustfmt::skip]
+        let table: [(Change, &str, &str); 3] = [
+            (|s| s.publisher.bundle_max_bytes = 65_536,
+                "publisher.bundle_max_bytes", "parked unread"),
+            (|s| s.publisher.bundle_lead_at_least = Duration::from_secs(40),
+                "consumer.max_hold_ms", "far too early"),
+            (|s| { s.consumer.prefetch = 0; s.publisher.max_in_flight = 0 },
+                "publisher.max_in_flight", ""),
+        ];
+        for (change, key, reason) in table {
+            let mut settings = Settings::default();
+            change(&mut settings);
+            let error = settings.validate_publisher().unwrap_err();
+            assert_eq!(error.key, key);
+            assert!(error.to_string().contains(reason), "{error}");
+        }
         let mut settings = Settings::default();
         settings.consumer.prefetch = 0;
         settings.validate_publisher().unwrap();
-        settings.publisher.max_in_flight = 0;
-        assert_eq!(
-            settings.validate_publisher().unwrap_err().key,
-            "publisher.max_in_flight"
-        );
     }
 
     #[test]
