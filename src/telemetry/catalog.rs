@@ -15,18 +15,6 @@ pub(crate) enum Kind {
     Histogram,
 }
 
-impl Kind {
-    /// The Prometheus type name.
-    #[cfg(test)]
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Counter => "counter",
-            Self::Gauge => "gauge",
-            Self::Histogram => "histogram",
-        }
-    }
-}
-
 /// One exported metric.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Metric {
@@ -235,6 +223,17 @@ mod tests {
 
     use super::*;
 
+    impl Kind {
+        /// The Prometheus type name.
+        fn as_str(self) -> &'static str {
+            match self {
+                Self::Counter => "counter",
+                Self::Gauge => "gauge",
+                Self::Histogram => "histogram",
+            }
+        }
+    }
+
     fn repo_file(path: &str) -> String {
         let full = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
         std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
@@ -324,12 +323,8 @@ mod tests {
         {
             let expr = target["expr"].as_str().unwrap_or_default();
             let mut labels: BTreeSet<&str> = BTreeSet::from(["le"]);
-            for name in words(expr).filter(|w| w.starts_with("order_expiry_")) {
-                let base = series_metric(&catalog, name);
-                let metric = catalog.get(base).unwrap_or_else(|| {
-                    panic!("the dashboard queries {name}, which nothing exports")
-                });
-                labels.extend(metric.labels);
+            for metric in exported(&catalog, expr, "the dashboard") {
+                labels.extend(catalog[metric].labels);
                 queried += 1;
             }
             if words(expr).any(|w| w.starts_with("rabbitmq_")) {
@@ -359,14 +354,7 @@ mod tests {
             .lines()
             .filter(|l| !prose.iter().any(|p| l.trim_start().starts_with(p)))
         {
-            for name in words(line).filter(|w| w.starts_with("order_expiry_")) {
-                let base = series_metric(&catalog, name);
-                assert!(
-                    catalog.contains_key(base),
-                    "the alert rules query {name}, which nothing exports"
-                );
-                queried.insert(base);
-            }
+            queried.extend(exported(&catalog, line, "the alert rules"));
         }
         for alerted in [
             "order_expiry_overdue_unpaid",
@@ -377,14 +365,26 @@ mod tests {
         }
     }
 
-    /// The metric a queried series belongs to: a histogram's `_bucket`,
-    /// `_sum` and `_count` series are its own; any other name is itself.
-    fn series_metric<'a>(catalog: &BTreeMap<&str, Metric>, series: &'a str) -> &'a str {
-        ["_bucket", "_sum", "_count"]
-            .iter()
-            .find_map(|s| series.strip_suffix(s))
-            .filter(|b| catalog.get(b).is_some_and(|m| m.kind == Kind::Histogram))
-            .unwrap_or(series)
+    /// The metrics the `order_expiry_*` series of `query` belong to (a
+    /// histogram's `_bucket`, `_sum` and `_count` series are its own), each
+    /// asserted to be exported.
+    fn exported<'a>(catalog: &BTreeMap<&str, Metric>, query: &'a str, by: &str) -> Vec<&'a str> {
+        let series = words(query).filter(|w| w.starts_with("order_expiry_"));
+        let metric = |name: &'a str| {
+            ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .filter(|b| catalog.get(b).is_some_and(|m| m.kind == Kind::Histogram))
+                .unwrap_or(name)
+        };
+        let metrics: Vec<&str> = series.map(metric).collect();
+        for &m in &metrics {
+            assert!(
+                catalog.contains_key(m),
+                "{by} queries {m}, which nothing exports"
+            );
+        }
+        metrics
     }
 
     /// The label lists of `by (...)` and `without (...)` clauses.

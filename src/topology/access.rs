@@ -249,6 +249,14 @@ mod tests {
         !pattern.is_empty() && inner.split('|').any(|alt| alt.replace('\\', "") == name)
     }
 
+    /// Every exchange a delay of the ladder enters at.
+    fn writes_every_entry(write: &str) {
+        for delay in 0..8 {
+            let route = ladder().route(delay).unwrap();
+            assert!(matches(write, &route.exchange), "{route}");
+        }
+    }
+
     #[test]
     fn the_publisher_writes_every_entry_exchange_and_nothing_else() {
         let access = Access::describe(&ladder(), None);
@@ -260,10 +268,7 @@ mod tests {
         );
         assert_eq!(publisher.configure, "");
         assert_eq!(publisher.read, "");
-        for delay in 0..8 {
-            let route = ladder().route(delay).unwrap();
-            assert!(matches(&publisher.write, &route.exchange), "{route}");
-        }
+        writes_every_entry(&publisher.write);
         assert!(!matches(&publisher.write, "orders.parked"));
     }
 
@@ -281,10 +286,7 @@ mod tests {
         // The catch-up queue: consumed. Its exchange (the same name): the
         // due queue's dead-letter target, which its declare must write to.
         assert_eq!(consumer.read, own);
-        for delay in 0..8 {
-            let route = ladder().route(delay).unwrap();
-            assert!(matches(&consumer.write, &route.exchange), "{route}");
-        }
+        writes_every_entry(&consumer.write);
         assert!(!matches(&consumer.read, "orders.ladder.00"));
         assert!(!matches(&consumer.configure, "orders.ladder.00"));
         assert_eq!(

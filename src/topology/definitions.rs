@@ -117,6 +117,10 @@ mod tests {
     use super::*;
     use crate::Settings;
 
+    fn list<'a>(defs: &'a Value, key: &str) -> &'a Vec<Value> {
+        defs[key].as_array().unwrap()
+    }
+
     #[test]
     fn definitions_name_every_object_in_the_vhost() {
         let settings = TopologySettings {
@@ -126,43 +130,26 @@ mod tests {
         let ladder = Ladder::new("orders", 4).unwrap();
         let defs = objects(&Topology::describe(&ladder, &settings), "vh");
         // The levels; due, parked and catch-up.
-        assert_eq!(defs["queues"].as_array().unwrap().len(), 4 + 3);
-        assert_eq!(defs["exchanges"].as_array().unwrap().len(), 4 + 3);
-        assert_eq!(defs["bindings"].as_array().unwrap().len(), 4 * 2 + 3);
-        assert!(
-            defs["queues"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|q| q["vhost"] == "vh" && q["durable"] == true)
-        );
+        assert_eq!(list(&defs, "queues").len(), 4 + 3);
+        assert_eq!(list(&defs, "exchanges").len(), 4 + 3);
+        assert_eq!(list(&defs, "bindings").len(), 4 * 2 + 3);
+        let in_vh = |q: &Value| q["vhost"] == "vh" && q["durable"] == true;
+        assert!(list(&defs, "queues").iter().all(in_vh));
     }
 
     #[test]
     fn the_export_names_its_vhost_and_passwordless_users() {
-        let settings = Settings::default();
-        let text = definitions_json(
-            &settings.ladder().unwrap(),
-            &settings.topology,
-            &settings.topology.vhost,
-            None,
-        );
+        let s = Settings::default();
+        let text = definitions_json(&s.ladder().unwrap(), &s.topology, &s.topology.vhost, None);
         let defs: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(defs["vhosts"], json!([{ "name": "order-expiry" }]));
-        let users = defs["users"].as_array().unwrap();
+        let users = list(&defs, "users");
         assert_eq!(users.len(), 2);
         assert!(users.iter().all(|u| u["password_hash"] == ""));
-        assert!(
-            defs["permissions"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .chain(defs["topic_permissions"].as_array().unwrap())
-                .all(|p| p["vhost"] == "order-expiry")
-        );
-        assert!(
-            !text.contains("guest"),
-            "guest is not part of the definitions"
-        );
+        let mut permissions = list(&defs, "permissions")
+            .iter()
+            .chain(list(&defs, "topic_permissions"));
+        assert!(permissions.all(|p| p["vhost"] == "order-expiry"));
+        assert!(!text.contains("guest"), "guest is not in the definitions");
     }
 }

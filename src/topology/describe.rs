@@ -316,37 +316,41 @@ mod tests {
         }
     }
 
+    /// The four-level ladder `orders` and its topology under `settings`.
+    fn describe(settings: &TopologySettings) -> (Ladder, Topology) {
+        let ladder = Ladder::new("orders", 4).unwrap();
+        let topology = Topology::describe(&ladder, settings);
+        (ladder, topology)
+    }
+
+    fn quorum() -> (Ladder, Topology) {
+        describe(&settings(QueueType::Quorum))
+    }
+
+    fn text(value: &str) -> Arg {
+        Arg::Str(value.into())
+    }
+
     #[test]
     fn every_level_has_queue_ttl_and_dead_letter_target() {
-        let ladder = Ladder::new("orders", 4).unwrap();
-        let t = Topology::describe(&ladder, &settings(QueueType::Quorum));
+        let (ladder, t) = quorum();
         for level in 0..4u8 {
-            let q = t
-                .queues
-                .iter()
-                .find(|q| q.name == ladder.level_name(level))
-                .unwrap();
+            let name = ladder.level_name(level);
+            let q = t.queues.iter().find(|q| q.name == name).unwrap();
+            let args = &q.arguments;
+            assert_eq!(args["x-message-ttl"], Arg::Int(1000 << level), "{level}");
             assert_eq!(
-                q.arguments["x-message-ttl"],
-                Arg::Int(1000 << level),
-                "level {level}"
+                args["x-dead-letter-exchange"],
+                text(&ladder.dead_letter_target(level))
             );
-            assert_eq!(
-                q.arguments["x-dead-letter-exchange"],
-                Arg::Str(ladder.dead_letter_target(level))
-            );
-            assert_eq!(
-                q.arguments["x-dead-letter-strategy"],
-                Arg::Str("at-least-once".into())
-            );
-            assert_eq!(q.arguments["x-overflow"], Arg::Str("reject-publish".into()));
+            assert_eq!(args["x-dead-letter-strategy"], text("at-least-once"));
+            assert_eq!(args["x-overflow"], text("reject-publish"));
         }
     }
 
     #[test]
     fn only_the_due_queue_may_be_kept_without_its_catch_up_arguments() {
-        let ladder = Ladder::new("orders", 4).unwrap();
-        let t = Topology::describe(&ladder, &settings(QueueType::Quorum));
+        let (ladder, t) = quorum();
         for q in &t.queues {
             let catch_up = q.kept_if_other.contains(&"x-message-ttl");
             assert_eq!(catch_up, q.name == ladder.due_queue(), "{}", q.name);
@@ -357,8 +361,7 @@ mod tests {
 
     #[test]
     fn the_consumed_queues_give_back_a_lost_consumers_messages_within_a_second() {
-        let ladder = Ladder::new("orders", 4).unwrap();
-        let t = Topology::describe(&ladder, &settings(QueueType::Quorum));
+        let (ladder, t) = quorum();
         let consumed = [
             ladder.due_queue(),
             ladder.parked_queue(),
@@ -373,11 +376,10 @@ mod tests {
                 assert_eq!(has, None, "a ladder level has no consumer: {}", q.name);
             }
         }
-        let unset = TopologySettings {
+        let (_, t) = describe(&TopologySettings {
             consumer_disconnected_timeout: Duration::ZERO,
             ..settings(QueueType::Quorum)
-        };
-        let t = Topology::describe(&ladder, &unset);
+        });
         for q in &t.queues {
             assert!(!q.arguments.contains_key(CONSUMER_DISCONNECTED_TIMEOUT));
             // A queue that has it anyway is kept, not an error.
@@ -388,45 +390,35 @@ mod tests {
 
     #[test]
     fn every_quorum_queue_gets_the_replicas_and_a_balanced_leader() {
-        let ladder = Ladder::new("orders", 4).unwrap();
-        let five = TopologySettings {
+        let (_, t) = describe(&TopologySettings {
             replicas: 5,
             ..settings(QueueType::Quorum)
-        };
-        let t = Topology::describe(&ladder, &five);
+        });
         assert_eq!(t.queues.len(), 7, "levels, due, parked and catch-up");
         for q in &t.queues {
-            assert_eq!(q.arguments["x-queue-type"], Arg::Str("quorum".into()));
+            assert_eq!(q.arguments["x-queue-type"], text("quorum"));
             assert_eq!(q.arguments["x-quorum-initial-group-size"], Arg::Int(5));
-            assert_eq!(
-                q.arguments["x-queue-leader-locator"],
-                Arg::Str("balanced".into()),
-                "{}",
-                q.name
-            );
+            let leader = &q.arguments["x-queue-leader-locator"];
+            assert_eq!(leader, &text("balanced"), "{}", q.name);
         }
-        let default = Topology::describe(&ladder, &settings(QueueType::Quorum));
-        assert_eq!(
-            default.queues[0].arguments["x-quorum-initial-group-size"],
-            Arg::Int(3)
-        );
+        let (_, default) = quorum();
+        let group = &default.queues[0].arguments["x-quorum-initial-group-size"];
+        assert_eq!(group, &Arg::Int(3));
     }
 
     #[test]
     fn classic_holding_queues_have_no_at_least_once_strategy() {
-        let ladder = Ladder::new("orders", 4).unwrap();
-        let t = Topology::describe(&ladder, &settings(QueueType::Classic));
-        let q = &t.queues[3];
-        assert_eq!(q.arguments["x-queue-type"], Arg::Str("classic".into()));
-        assert_eq!(q.arguments["x-overflow"], Arg::Str("reject-publish".into()));
-        assert!(!q.arguments.contains_key("x-dead-letter-strategy"));
-        assert!(!q.arguments.contains_key("x-quorum-initial-group-size"));
+        let (_, t) = describe(&settings(QueueType::Classic));
+        let args = &t.queues[3].arguments;
+        assert_eq!(args["x-queue-type"], text("classic"));
+        assert_eq!(args["x-overflow"], text("reject-publish"));
+        assert!(!args.contains_key("x-dead-letter-strategy"));
+        assert!(!args.contains_key("x-quorum-initial-group-size"));
     }
 
     #[test]
     fn each_level_routes_every_key_exactly_once() {
-        let ladder = Ladder::new("orders", 4).unwrap();
-        let t = Topology::describe(&ladder, &settings(QueueType::Quorum));
+        let (ladder, t) = quorum();
         for delay in 0..16 {
             let key = ladder.routing_key(delay);
             for level in 0..4 {
@@ -443,8 +435,7 @@ mod tests {
 
     #[test]
     fn the_summary_counts_every_object() {
-        let ladder = Ladder::new("orders", 4).unwrap();
-        let t = Topology::describe(&ladder, &settings(QueueType::Quorum));
+        let (_, t) = quorum();
         assert_eq!(t.to_string(), "7 exchanges, 7 queues, 11 bindings");
         assert_eq!(t.queue_names().next(), Some("orders.due"));
     }

@@ -21,11 +21,6 @@ use thiserror::Error;
 /// (8.5 years) and the longest delay 2^29 - 1 s (17 years).
 pub(crate) const MAX_LEVELS: u8 = 29;
 
-/// The largest `x-message-ttl` RabbitMQ takes: 315,360,000,000 ms (365 days
-/// times ten), found by bisection on 3.10.8; 4.3.6 refuses 2^31 s too.
-#[cfg(test)]
-const BROKER_MAX_TTL_MS: u64 = 315_360_000_000;
-
 /// The ladder cannot hold a delay this long; `schedule()` reports it rather than
 /// clamping, because a silently shortened delay would cancel an order early.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
@@ -231,6 +226,11 @@ fn highest_set_bit(value: u64) -> Option<u8> {
     }
 }
 
+/// The largest `x-message-ttl` RabbitMQ takes: 315,360,000,000 ms (365 days
+/// times ten), found by bisection on 3.10.8; 4.3.6 refuses 2^31 s too.
+#[cfg(test)]
+const BROKER_MAX_TTL_MS: u64 = 315_360_000_000;
+
 /// RabbitMQ topic matching: `*` is exactly one word, `#` zero or more. Used by
 /// the tests to walk the ladder the way the broker does.
 #[cfg(test)]
@@ -332,45 +332,39 @@ mod tests {
         }
     }
 
+    /// A message enters at the level of its highest set bit; a zero delay (or
+    /// a due time past) goes straight to due; past the maximum is an error,
+    /// not a clamp.
     #[test]
     fn entry_is_the_level_of_the_highest_set_bit() {
         let ladder = ladder(4);
-        assert_eq!(ladder.route(5).unwrap().exchange, "orders.ladder.02");
-        assert_eq!(ladder.route(5).unwrap().routing_key, "0.1.0.1");
-        assert_eq!(ladder.route(8).unwrap().exchange, "orders.ladder.03");
-        assert_eq!(ladder.route(1).unwrap().exchange, "orders.ladder.00");
-    }
-
-    #[test]
-    fn zero_delay_goes_straight_to_due() {
-        let ladder = ladder(4);
-        let route = ladder.route(0).unwrap();
-        assert_eq!(route.exchange, "orders.due");
-        assert_eq!(route.routing_key, "0.0.0.0");
-    }
-
-    #[test]
-    fn past_due_time_goes_straight_to_due() {
-        let ladder = default_ladder();
+        for (delay, exchange, key) in [
+            (0, "orders.due", "0.0.0.0"),
+            (1, "orders.ladder.00", "0.0.0.1"),
+            (5, "orders.ladder.02", "0.1.0.1"),
+            (8, "orders.ladder.03", "1.0.0.0"),
+            (15, "orders.ladder.03", "1.1.1.1"),
+        ] {
+            let route = ladder.route(delay).unwrap();
+            assert_eq!(
+                (route.exchange.as_str(), route.routing_key.as_str()),
+                (exchange, key)
+            );
+        }
+        let too_long = DelayTooLong {
+            delay_secs: 16,
+            max_secs: 15,
+        };
         assert_eq!(
-            ladder.route_for_remaining_ms(-5_000).unwrap().exchange,
-            "orders.due"
+            (ladder.max_delay_secs(), ladder.route(16)),
+            (15, Err(too_long))
         );
-        assert_eq!(ladder.route_for_remaining_ms(999).unwrap().delay_secs, 0);
-        assert_eq!(ladder.route_for_remaining_ms(1_999).unwrap().delay_secs, 1);
-    }
-
-    #[test]
-    fn delay_past_the_maximum_is_an_error_not_a_clamp() {
-        let ladder = ladder(4);
-        assert_eq!(ladder.max_delay_secs(), 15);
-        assert!(ladder.route(15).is_ok());
+        let ladder = default_ladder();
+        let remaining = |ms| ladder.route_for_remaining_ms(ms).unwrap();
+        assert_eq!(remaining(-5_000).exchange, "orders.due");
         assert_eq!(
-            ladder.route(16),
-            Err(DelayTooLong {
-                delay_secs: 16,
-                max_secs: 15
-            })
+            (remaining(999).delay_secs, remaining(1_999).delay_secs),
+            (0, 1)
         );
     }
 
