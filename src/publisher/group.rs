@@ -201,11 +201,13 @@ mod tests {
     use super::*;
     use crate::publisher::OrderId;
 
-    fn ladder() -> Ladder {
-        Ladder::new("g", 10).unwrap()
-    }
-
     const LEAD: Duration = Duration::from_millis(300);
+
+    type Rx = oneshot::Receiver<Result<Scheduled, ScheduleError>>;
+
+    fn now() -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000, 0).unwrap()
+    }
 
     /// Bundles of up to `max_orders`, their due times limited only by the
     /// route's second.
@@ -217,13 +219,30 @@ mod tests {
         }
     }
 
-    fn waiter(
-        id: u64,
-        due_at: DateTime<Utc>,
-    ) -> (Waiter, oneshot::Receiver<Result<Scheduled, ScheduleError>>) {
-        let (reply, rx) = oneshot::channel();
-        let message = ExpiryMessage::new(OrderId::new(format!("o-{id}")).unwrap(), due_at);
-        (Waiter { id, message, reply }, rx)
+    /// Waiters `(id, due in ms from now)`, pushed in that order, and their
+    /// replies: a dropped reply is a dropped call.
+    fn waiting(due: impl IntoIterator<Item = (u64, i64)>) -> (Waiting, Vec<Rx>) {
+        let mut waiting = Waiting::default();
+        let replies = due
+            .into_iter()
+            .map(|(id, ms)| {
+                let (reply, rx) = oneshot::channel();
+                let order = OrderId::new(format!("o-{id}")).unwrap();
+                let message = ExpiryMessage::new(order, now() + TimeDelta::milliseconds(ms));
+                waiting.push(Waiter { id, message, reply });
+                rx
+            })
+            .collect();
+        (waiting, replies)
+    }
+
+    fn take(waiting: &mut Waiting, limits: Limits) -> Option<Bundle> {
+        waiting.take_bundle(&Ladder::new("g", 10).unwrap(), LEAD, limits, now())
+    }
+
+    /// The ids of the next bundle of up to 100 orders.
+    fn next(waiting: &mut Waiting) -> Option<Vec<u64>> {
+        take(waiting, limits(100)).map(|b| ids(&b))
     }
 
     fn ids(bundle: &Bundle) -> Vec<u64> {
@@ -232,63 +251,33 @@ mod tests {
 
     #[test]
     fn waiters_sharing_a_route_leave_together_and_the_others_keep_their_place() {
-        let now = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
-        let mut waiting = Waiting::default();
-        let mut replies = Vec::new();
         // 25.4 s and 25.9 s: 25 s through the ladder; 27 s takes another route.
-        for (id, ms) in [(1, 25_700), (2, 27_500), (3, 26_200), (4, 25_950)] {
-            let (w, rx) = waiter(id, now + TimeDelta::milliseconds(ms));
-            waiting.push(w);
-            replies.push(rx);
-        }
-        let bundle = waiting
-            .take_bundle(&ladder(), LEAD, limits(100), now)
-            .unwrap();
-        assert_eq!(ids(&bundle), [1, 3, 4]);
-        assert_eq!(bundle.route.delay_secs, 25);
-        let next = waiting
-            .take_bundle(&ladder(), LEAD, limits(100), now)
-            .unwrap();
-        assert_eq!(ids(&next), [2]);
-        assert!(
-            waiting
-                .take_bundle(&ladder(), LEAD, limits(100), now)
-                .is_none()
-        );
+        let (mut waiting, _replies) = waiting([(1, 25_700), (2, 27_500), (3, 26_200), (4, 25_950)]);
+        let bundle = take(&mut waiting, limits(100)).unwrap();
+        assert_eq!((ids(&bundle), bundle.route.delay_secs), (vec![1, 3, 4], 25));
+        assert_eq!(next(&mut waiting), Some(vec![2]));
+        assert_eq!(next(&mut waiting), None);
     }
 
     #[test]
     fn a_slot_finds_its_route_behind_a_thousand_other_routes_and_they_keep_their_place() {
-        let now = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
-        let mut waiting = Waiting::default();
-        let mut replies = Vec::new();
         // 0: 5.5 s; 1..=1000: 10 s, 11 s, ... each a route of its own; then
         // three more on 0's route, and one due already (route 0).
-        let mut push = |id: u64, ms: i64| {
-            let (w, rx) = waiter(id, now + TimeDelta::milliseconds(ms));
-            waiting.push(w);
-            replies.push(rx);
-        };
-        push(0, 5_500);
-        for id in 1..=1000 {
-            push(id, 10_000 + 1_000 * id as i64);
-        }
-        for (id, ms) in [(1001, 5_900), (1002, 6_299), (1003, 5_301), (1004, -50)] {
-            push(id, ms);
-        }
-        let bundle = waiting
-            .take_bundle(&ladder(), LEAD, limits(100), now)
-            .unwrap();
+        let others = (1..=1000).map(|id| (id, 10_000 + 1_000 * id as i64));
+        let (mut waiting, _replies) = waiting([(0, 5_500)].into_iter().chain(others).chain([
+            (1001, 5_900),
+            (1002, 6_299),
+            (1003, 5_301),
+            (1004, -50),
+        ]));
+        let bundle = take(&mut waiting, limits(100)).unwrap();
         // 5.5 - 0.3 s: 5 s through the ladder; 6.299 - 0.3 and 5.301 - 0.3
         // are the same whole seconds.
         assert_eq!(bundle.route.delay_secs, 5);
         assert_eq!(ids(&bundle), [0, 1001, 1002, 1003]);
         assert_eq!(waiting.len(), 1001);
         for expected in 1..=3 {
-            let next = waiting
-                .take_bundle(&ladder(), LEAD, limits(100), now)
-                .unwrap();
-            assert_eq!(ids(&next), [expected]);
+            assert_eq!(next(&mut waiting), Some(vec![expected]));
         }
         let late = waiting.remove(1004).expect("still waiting");
         assert_eq!(late.id, 1004);
@@ -296,20 +285,14 @@ mod tests {
 
     #[test]
     fn a_bundle_holds_only_orders_due_within_its_span() {
-        let now = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
-        let mut waiting = Waiting::default();
-        let mut replies = Vec::new();
         // All 5 s through the ladder; the first is due at 5.500 s.
-        for (id, ms) in [(0, 5_500), (1, 5_502), (2, 5_498), (3, 5_503), (4, 5_900)] {
-            let (w, rx) = waiter(id, now + TimeDelta::milliseconds(ms));
-            waiting.push(w);
-            replies.push(rx);
-        }
+        let (mut waiting, _replies) =
+            waiting([(0, 5_500), (1, 5_502), (2, 5_498), (3, 5_503), (4, 5_900)]);
         let five_ms = Limits {
             span: Duration::from_millis(5),
             ..limits(100)
         };
-        let bundle = waiting.take_bundle(&ladder(), LEAD, five_ms, now).unwrap();
+        let bundle = take(&mut waiting, five_ms).unwrap();
         assert_eq!(ids(&bundle), [0, 1, 2], "5.498-5.502 s: within 5 ms");
         let times: Vec<_> = bundle
             .members
@@ -318,30 +301,21 @@ mod tests {
             .collect();
         let spread = *times.iter().max().unwrap() - *times.iter().min().unwrap();
         assert!(spread <= TimeDelta::milliseconds(5), "{spread}");
-        let next = waiting.take_bundle(&ladder(), LEAD, five_ms, now).unwrap();
+        let next = take(&mut waiting, five_ms).unwrap();
         assert_eq!(ids(&next), [3], "5.503 s alone: 4 is 397 ms later");
     }
 
     #[test]
     fn a_bundle_stops_at_its_order_and_byte_limits() {
-        let now = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
-        let mut waiting = Waiting::default();
-        let mut replies = Vec::new();
-        for id in 0..10 {
-            let (w, rx) = waiter(id, now + TimeDelta::seconds(5));
-            waiting.push(w);
-            replies.push(rx);
-        }
-        let bundle = waiting
-            .take_bundle(&ladder(), LEAD, limits(4), now)
-            .unwrap();
+        let (mut waiting, _replies) = waiting((0..10).map(|id| (id, 5_000)));
+        let bundle = take(&mut waiting, limits(4)).unwrap();
         assert_eq!(ids(&bundle), [0, 1, 2, 3]);
         let entry = bundle.members[0].1.len();
         let two = Limits {
             max_bytes: ENVELOPE_BYTES + 2 * entry + 1,
             ..limits(100)
         };
-        let bundle = waiting.take_bundle(&ladder(), LEAD, two, now).unwrap();
+        let bundle = take(&mut waiting, two).unwrap();
         assert_eq!(ids(&bundle), [4, 5]);
         let body_bytes: usize = bundle.members.iter().map(|(_, e)| e.len()).sum();
         assert_eq!(ENVELOPE_BYTES + body_bytes + 1, two.max_bytes);
@@ -349,21 +323,12 @@ mod tests {
 
     #[test]
     fn dropped_calls_are_skipped_and_a_delay_too_long_is_answered_at_once() {
-        let now = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
-        let mut waiting = Waiting::default();
-        let (gone, rx_gone) = waiter(1, now + TimeDelta::seconds(5));
-        drop(rx_gone);
-        let (far, mut rx_far) = waiter(2, now + TimeDelta::days(400));
-        let (ok, _rx_ok) = waiter(3, now + TimeDelta::seconds(5));
-        for w in [gone, far, ok] {
-            waiting.push(w);
-        }
-        let bundle = waiting
-            .take_bundle(&ladder(), LEAD, limits(100), now)
-            .unwrap();
-        assert_eq!(ids(&bundle), [3]);
+        let far = TimeDelta::days(400).num_milliseconds();
+        let (mut waiting, mut replies) = waiting([(1, 5_000), (2, far), (3, 5_000)]);
+        drop(replies.remove(0));
+        assert_eq!(next(&mut waiting), Some(vec![3]));
         assert!(matches!(
-            rx_far.try_recv(),
+            replies[0].try_recv(),
             Ok(Err(ScheduleError::DelayTooLong(_)))
         ));
         assert!(waiting.is_empty());
@@ -371,10 +336,7 @@ mod tests {
 
     #[test]
     fn a_waiter_not_taken_yet_can_be_taken_back() {
-        let now = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
-        let mut waiting = Waiting::default();
-        let (w, _rx) = waiter(7, now);
-        waiting.push(w);
+        let (mut waiting, _replies) = waiting([(7, 0)]);
         assert_eq!(waiting.remove(7).map(|w| w.id), Some(7));
         assert!(waiting.remove(7).is_none());
     }
