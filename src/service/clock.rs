@@ -281,6 +281,13 @@ mod tests {
         TimeDelta::milliseconds(n)
     }
 
+    fn offset(offset: i64, error: i64) -> Offset {
+        Offset {
+            offset: ms(offset),
+            error: ms(error),
+        }
+    }
+
     #[test]
     fn a_timed_reading_pins_the_offset_within_half_its_round_trip() {
         let sent: DateTime<Utc> = "2026-12-04T10:00:00Z".parse().unwrap();
@@ -290,13 +297,7 @@ mod tests {
         assert_eq!((lo, hi), (ms(4_998), ms(5_002)));
         let mut estimate = OffsetEstimate::new(Duration::from_secs(10));
         let found = estimate.observe(Instant::now(), lo, hi);
-        assert_eq!(
-            found,
-            Offset {
-                offset: ms(5_000),
-                error: ms(2)
-            }
-        );
+        assert_eq!(found, offset(5_000, 2));
     }
 
     #[test]
@@ -333,13 +334,7 @@ mod tests {
         let now = Instant::now();
         estimate.observe(now, ms(-10), ms(10));
         let stepped = estimate.observe(now + Duration::from_secs(1), ms(4_990), ms(5_010));
-        assert_eq!(
-            stepped,
-            Offset {
-                offset: ms(5_000),
-                error: ms(10)
-            }
-        );
+        assert_eq!(stepped, offset(5_000, 10));
     }
 
     #[test]
@@ -348,12 +343,6 @@ mod tests {
         let now = Instant::now();
         estimate.observe(now, ms(0), ms(2));
         let later = estimate.observe(now + Duration::from_secs(6), ms(-100), ms(100));
-        assert_eq!(
-            later,
-            Offset {
-                offset: ms(0),
-                error: ms(100)
-            }
-        );
+        assert_eq!(later, offset(0, 100));
     }
 }

@@ -106,43 +106,30 @@ fn checked(answer: Answer) -> Checked {
 mod tests {
     use super::*;
 
-    fn ok(body: &str) -> Checked {
+    fn answer(status: u16, body: &str) -> Checked {
         checked(Answer::Response {
-            status: 200,
+            status,
             body: body.into(),
         })
     }
 
     #[test]
     fn the_three_answers_and_everything_else() {
-        assert_eq!(
-            ok(r#"{"status":"paid"}"#),
-            Checked::Answer(CheckAnswer::Paid)
-        );
-        assert_eq!(
-            ok(r#"{"status":"unpaid","at":1}"#),
-            Checked::Answer(CheckAnswer::Unpaid)
-        );
-        assert_eq!(
-            ok(r#"{"status":"pending"}"#),
-            Checked::Answer(CheckAnswer::Pending)
-        );
-        for body in ["", "paid", r#"{"status":"PAID"}"#, r#"{"state":"paid"}"#] {
-            assert!(matches!(ok(body), Checked::Park(_)), "{body}");
+        for (body, want) in [
+            (r#"{"status":"paid"}"#, CheckAnswer::Paid),
+            (r#"{"status":"unpaid","at":1}"#, CheckAnswer::Unpaid),
+            (r#"{"status":"pending"}"#, CheckAnswer::Pending),
+        ] {
+            assert_eq!(answer(200, body), Checked::Answer(want), "{body}");
         }
-        let status = |status: u16| {
-            checked(Answer::Response {
-                status,
-                body: "x".into(),
-            })
-        };
-        assert!(matches!(status(503), Checked::Retry(_)));
-        assert!(matches!(status(429), Checked::Retry(_)));
-        assert!(matches!(status(404), Checked::Park(r) if r.contains("404")));
-        assert!(matches!(status(204), Checked::Park(_)));
-        assert!(matches!(
-            checked(Answer::Failed("timed out".into())),
-            Checked::Retry(_)
-        ));
+        for body in ["", "paid", r#"{"status":"PAID"}"#, r#"{"state":"paid"}"#] {
+            assert!(matches!(answer(200, body), Checked::Park(_)), "{body}");
+        }
+        assert!(matches!(answer(503, "x"), Checked::Retry(_)));
+        assert!(matches!(answer(429, "x"), Checked::Retry(_)));
+        assert!(matches!(answer(404, "x"), Checked::Park(r) if r.contains("404")));
+        assert!(matches!(answer(204, "x"), Checked::Park(_)));
+        let failed = checked(Answer::Failed("timed out".into()));
+        assert!(matches!(failed, Checked::Retry(_)));
     }
 }

@@ -238,17 +238,17 @@ mod tests {
 
     #[test]
     fn every_response_class_has_its_verdict() {
-        assert_eq!(verdict(response(200, ""), None), ActionAnswer::Cancelled);
-        assert_eq!(verdict(response(204, ""), None), ActionAnswer::Cancelled);
-        assert_eq!(
-            verdict(response(409, "paid"), None),
-            ActionAnswer::NotUnpaid
-        );
-        assert_eq!(verdict(response(404, ""), None), ActionAnswer::Unknown);
+        for (status, body, want) in [
+            (200, "", ActionAnswer::Cancelled),
+            (204, "", ActionAnswer::Cancelled),
+            (409, "paid", ActionAnswer::NotUnpaid),
+            (404, "", ActionAnswer::Unknown),
+        ] {
+            assert_eq!(verdict(response(status, body), None), want, "{status}");
+        }
         for status in [429, 500, 502, 503, 599] {
-            assert!(
-                matches!(verdict(response(status, "x"), None), ActionAnswer::Retry(r) if r.contains(&status.to_string()))
-            );
+            let retry = verdict(response(status, "x"), None);
+            assert!(matches!(retry, ActionAnswer::Retry(r) if r.contains(&status.to_string())));
         }
         for status in [301, 400, 401, 403, 410, 422] {
             assert_eq!(

@@ -81,18 +81,6 @@ impl<P> AckTracker<P> {
         self.set(tag, State::Acked, None);
     }
 
-    /// Unacked deliveries tracked.
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.entries.iter().filter(|e| e.1 != State::Acked).count()
-    }
-
-    /// Whether nothing is unacked.
-    #[cfg(test)]
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// The acks to send now, forgetting what they cover. Finished deliveries
     /// behind one in a running batch wait for it (milliseconds, then one ack
     /// covers both); behind a waiting one (held up to a second or more, or
@@ -139,6 +127,30 @@ impl<P> AckTracker<P> {
 mod tests {
     use super::*;
 
+    impl AckTracker<u64> {
+        /// Unacked deliveries tracked.
+        fn len(&self) -> usize {
+            self.entries.iter().filter(|e| e.1 != State::Acked).count()
+        }
+
+        fn is_empty(&self) -> bool {
+            self.len() == 0
+        }
+
+        /// Each of `tags` done, its payload its tag.
+        fn done(&mut self, tags: &[u64]) {
+            for &tag in tags {
+                self.set(tag, State::Done, Some(tag));
+            }
+        }
+
+        fn in_batch(&mut self, tags: &[u64]) {
+            for &tag in tags {
+                self.set(tag, State::InBatch, None);
+            }
+        }
+    }
+
     fn tracker(tags: std::ops::RangeInclusive<u64>) -> AckTracker<u64> {
         let mut t = AckTracker::default();
         for tag in tags {
@@ -150,10 +162,8 @@ mod tests {
     #[test]
     fn a_finished_front_run_is_one_multiple_ack() {
         let mut t = tracker(1..=5);
-        for tag in 1..=3 {
-            t.set(tag, State::Done, Some(tag));
-        }
-        t.set(4, State::InBatch, None);
+        t.done(&[1, 2, 3]);
+        t.in_batch(&[4]);
         let acks = t.take(false);
         assert_eq!(acks.multiple_upto, Some(3));
         assert!(acks.single.is_empty());
@@ -164,14 +174,11 @@ mod tests {
     #[test]
     fn finished_deliveries_wait_for_a_running_batch_in_front() {
         let mut t = tracker(1..=4);
-        t.set(1, State::InBatch, None);
-        t.set(2, State::InBatch, None);
-        t.set(3, State::Done, Some(3));
-        t.set(4, State::Done, Some(4));
+        t.in_batch(&[1, 2]);
+        t.done(&[3, 4]);
         let acks = t.take(false);
         assert_eq!((acks.multiple_upto, acks.single.len()), (None, 0));
-        t.set(1, State::Done, Some(1));
-        t.set(2, State::Done, Some(2));
+        t.done(&[1, 2]);
         let acks = t.take(false);
         assert_eq!(acks.multiple_upto, Some(4));
         assert_eq!(acks.payloads, [1, 2, 3, 4]);
@@ -181,16 +188,15 @@ mod tests {
     #[test]
     fn a_held_delivery_in_front_does_not_pin_the_ones_behind_it() {
         let mut t = tracker(1..=4);
-        t.set(2, State::Done, Some(2));
-        t.set(3, State::InBatch, None);
-        t.set(4, State::Done, Some(4));
+        t.done(&[2, 4]);
+        t.in_batch(&[3]);
         let acks = t.take(false);
         assert_eq!(acks.multiple_upto, None);
         assert_eq!(acks.single, [2, 4]);
         assert_eq!(t.len(), 2);
         // The held one finishes later: acking it with `multiple` covers only
         // itself, since 2 and 4 are acked already.
-        t.set(1, State::Done, Some(1));
+        t.done(&[1]);
         assert_eq!(t.take(false).multiple_upto, Some(1));
     }
 
@@ -198,9 +204,7 @@ mod tests {
     fn forgotten_and_unknown_tags_are_skipped() {
         let mut t = tracker(1..=3);
         t.forget(2);
-        t.set(9, State::Done, Some(9));
-        t.set(1, State::Done, Some(1));
-        t.set(3, State::Done, Some(3));
+        t.done(&[9, 1, 3]);
         let acks = t.take(false);
         assert_eq!(acks.multiple_upto, Some(3));
         assert_eq!(acks.payloads, [1, 3]);
@@ -209,8 +213,8 @@ mod tests {
     #[test]
     fn at_shutdown_everything_finished_is_acked() {
         let mut t = tracker(1..=3);
-        t.set(1, State::InBatch, None);
-        t.set(3, State::Done, Some(3));
+        t.in_batch(&[1]);
+        t.done(&[3]);
         let acks = t.take(true);
         assert_eq!(acks.single, [3]);
         assert_eq!(t.len(), 2);
@@ -221,16 +225,15 @@ mod tests {
     /// unhandled: 3 is acked singly, and 2 in its turn.
     #[test]
     fn a_multiple_ack_never_passes_a_delivery_not_received_yet() {
-        let mut t = AckTracker::default();
+        let mut t = AckTracker::<u64>::default();
         t.received(1);
         t.received(3);
-        t.set(1, State::Done, Some(1));
-        t.set(3, State::Done, Some(3));
+        t.done(&[1, 3]);
         let acks = t.take(false);
         assert_eq!(acks.multiple_upto, Some(1));
         assert_eq!(acks.single, [3]);
         t.received(2);
-        t.set(2, State::Done, Some(2));
+        t.done(&[2]);
         let acks = t.take(false);
         assert_eq!(acks.multiple_upto, Some(2));
         assert!(acks.single.is_empty());
@@ -238,7 +241,7 @@ mod tests {
         assert!(t.is_empty());
         // Tags go on from there.
         t.received(4);
-        t.set(4, State::Done, Some(4));
+        t.done(&[4]);
         assert_eq!(t.take(false).multiple_upto, Some(4));
     }
 }

@@ -109,45 +109,44 @@ mod tests {
     use crate::Settings;
     use crate::publisher::OrderId;
 
-    fn consumer_settings() -> ConsumerSettings {
-        Settings::default().consumer
-    }
-
     fn message(due_at: DateTime<Utc>) -> ExpiryMessage {
         ExpiryMessage::new(OrderId::new("o-1").unwrap(), due_at)
+    }
+
+    fn arrive(body: &[u8], now: DateTime<Utc>) -> Arrival {
+        on_arrival(body, None, now, &Settings::default().consumer)
+    }
+
+    fn parked(arrival: Arrival) -> String {
+        match arrival {
+            Arrival::Park(reason) => reason,
+            other => panic!("expected Park, got {other:?}"),
+        }
     }
 
     #[test]
     fn a_due_message_is_due() {
         let now = Utc::now();
         let body = message(now - TimeDelta::milliseconds(5)).encode();
-        assert!(matches!(
-            on_arrival(&body, None, now, &consumer_settings()),
-            Arrival::Due(_)
-        ));
+        assert!(matches!(arrive(&body, now), Arrival::Due(_)));
     }
 
     #[test]
     fn an_early_message_is_held_for_exactly_the_time_left() {
         let now = Utc::now();
         let expected = message(now + TimeDelta::milliseconds(700));
-        match on_arrival(&expected.encode(), None, now, &consumer_settings()) {
-            Arrival::Hold(m, early) => {
-                assert_eq!(m, expected);
-                assert_eq!(early, (expected.due_at - now).to_std().unwrap());
-            }
-            other => panic!("expected Hold, got {other:?}"),
-        }
+        let Arrival::Hold(m, early) = arrive(&expected.encode(), now) else {
+            panic!("expected Hold")
+        };
+        assert_eq!(m, expected);
+        assert_eq!(early, (expected.due_at - now).to_std().unwrap());
     }
 
     #[test]
     fn a_message_far_too_early_is_parked_not_held_forever() {
         let now = Utc::now();
-        let body = message(now + TimeDelta::hours(1)).encode();
-        match on_arrival(&body, None, now, &consumer_settings()) {
-            Arrival::Park(reason) => assert!(reason.contains("before due_at"), "{reason}"),
-            other => panic!("expected Park, got {other:?}"),
-        }
+        let reason = parked(arrive(&message(now + TimeDelta::hours(1)).encode(), now));
+        assert!(reason.contains("before due_at"), "{reason}");
     }
 
     #[test]
@@ -165,9 +164,7 @@ mod tests {
             "v": 2,
             "orders": [entry(&due), entry(&early), entry(&far), {"order_id": "x"}],
         });
-        let Arrival::Bundle(parts) =
-            on_arrival(body.to_string().as_bytes(), None, now, &consumer_settings())
-        else {
+        let Arrival::Bundle(parts) = arrive(body.to_string().as_bytes(), now) else {
             panic!("a bundle")
         };
         assert!(matches!(&parts[0], BundlePart::Due(m) if *m == due));
@@ -185,9 +182,6 @@ mod tests {
 
     #[test]
     fn malformed_bodies_are_parked_with_the_decoder_reason() {
-        match on_arrival(b"{}", None, Utc::now(), &consumer_settings()) {
-            Arrival::Park(reason) => assert_eq!(reason, "missing field \"v\""),
-            other => panic!("expected Park, got {other:?}"),
-        }
+        assert_eq!(parked(arrive(b"{}", Utc::now())), "missing field \"v\"");
     }
 }

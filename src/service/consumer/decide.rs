@@ -130,123 +130,101 @@ mod tests {
         Checked::Answer(CheckAnswer::Pending)
     }
 
+    fn requeued(next: Next) -> (ExpiryMessage, Outcome) {
+        match next {
+            Next::Requeue(message, outcome) => (message, outcome),
+            other => panic!("requeued, not {other:?}"),
+        }
+    }
+
     #[test]
     fn pending_goes_to_the_next_step_at_its_time() {
         let settings = check(FinalOutcome::Park);
-        let now = at(10);
-        let AfterCheck::Then(Next::Requeue(next, outcome)) =
-            after_check(pending(), &message(0, 0), &settings, now)
-        else {
-            panic!("requeued")
+        let step = |m: &ExpiryMessage| match after_check(pending(), m, &settings, at(10)) {
+            AfterCheck::Then(next) => requeued(next),
+            AfterCheck::Act => panic!("requeued, not acted on"),
         };
+        let (first, outcome) = step(&message(0, 0));
         assert_eq!(outcome, Outcome::CheckRequeued);
-        assert_eq!((next.check_step, next.not_before), (1, Some(at(11))));
-        assert_eq!(next.due_at, at(0), "the deadline stays");
-        let AfterCheck::Then(Next::Requeue(next, _)) =
-            after_check(pending(), &next, &settings, now)
-        else {
-            panic!("requeued")
-        };
-        assert_eq!((next.check_step, next.not_before), (2, Some(at(13))));
+        assert_eq!((first.check_step, first.not_before), (1, Some(at(11))));
+        assert_eq!(first.due_at, at(0), "the deadline stays");
+        let (second, _) = step(&first);
+        assert_eq!((second.check_step, second.not_before), (2, Some(at(13))));
     }
 
     #[test]
     fn after_the_last_step_the_final_outcome_applies() {
         let last = message(2, 0);
-        let now = at(10);
+        let decide = |m: &ExpiryMessage, final_outcome| {
+            after_check(pending(), m, &check(final_outcome), at(10))
+        };
         assert!(matches!(
-            after_check(pending(), &last, &check(FinalOutcome::Park), now),
+            decide(&last, FinalOutcome::Park),
             AfterCheck::Then(Next::Park(reason)) if reason.contains("after 3 checks")
         ));
-        assert_eq!(
-            after_check(pending(), &last, &check(FinalOutcome::Cancel), now),
-            AfterCheck::Act
-        );
-        assert_eq!(
-            after_check(pending(), &last, &check(FinalOutcome::Keep), now),
-            AfterCheck::Then(Next::Ack(Outcome::PendingAtGateway))
-        );
+        let keep = AfterCheck::Then(Next::Ack(Outcome::PendingAtGateway));
+        assert_eq!(decide(&last, FinalOutcome::Cancel), AfterCheck::Act);
+        assert_eq!(decide(&last, FinalOutcome::Keep), keep);
         // A step beyond the list (the list was shortened): the final outcome.
-        assert_eq!(
-            after_check(pending(), &message(9, 0), &check(FinalOutcome::Keep), now),
-            AfterCheck::Then(Next::Ack(Outcome::PendingAtGateway))
-        );
+        assert_eq!(decide(&message(9, 0), FinalOutcome::Keep), keep);
     }
 
     #[test]
     fn paid_unpaid_and_failed_checks() {
         let settings = check(FinalOutcome::Park);
-        let m = message(0, 0);
-        let now = at(10);
-        assert_eq!(
-            after_check(Checked::Answer(CheckAnswer::Paid), &m, &settings, now),
-            AfterCheck::Then(Next::Ack(Outcome::PaidAtGateway))
-        );
-        assert_eq!(
-            after_check(Checked::Answer(CheckAnswer::Unpaid), &m, &settings, now),
-            AfterCheck::Act
-        );
-        assert_eq!(
-            after_check(Checked::Retry("503".into()), &m, &settings, now),
-            AfterCheck::Then(Next::Retry("503".into()))
-        );
-        assert_eq!(
-            after_check(Checked::Park("400".into()), &m, &settings, now),
-            AfterCheck::Then(Next::Park("400".into()))
-        );
+        #[rustfmt::skip]
+        let cases = [
+            (Checked::Answer(CheckAnswer::Paid), AfterCheck::Then(Next::Ack(Outcome::PaidAtGateway))),
+            (Checked::Answer(CheckAnswer::Unpaid), AfterCheck::Act),
+            (Checked::Retry("503".into()), AfterCheck::Then(Next::Retry("503".into()))),
+            (Checked::Park("400".into()), AfterCheck::Then(Next::Park("400".into()))),
+        ];
+        for (checked, want) in cases {
+            assert_eq!(
+                after_check(checked, &message(0, 0), &settings, at(10)),
+                want
+            );
+        }
     }
 
     #[test]
     fn an_unknown_order_is_looked_for_again_a_bounded_number_of_times() {
         let rechecks = [Duration::from_secs(1), Duration::from_secs(4)];
-        let now = at(10);
-        let Next::Requeue(first, Outcome::UnknownRequeued) =
-            after_action(ActionAnswer::Unknown, &message(0, 0), &rechecks, now)
-        else {
-            panic!("requeued")
-        };
+        let unknown =
+            |m: &ExpiryMessage, now| after_action(ActionAnswer::Unknown, m, &rechecks, now);
+        let (first, outcome) = requeued(unknown(&message(0, 0), at(10)));
+        assert_eq!(outcome, Outcome::UnknownRequeued);
         assert_eq!(
             (first.unknown_rechecks, first.not_before),
             (1, Some(at(11)))
         );
-        let Next::Requeue(second, _) =
-            after_action(ActionAnswer::Unknown, &first, &rechecks, at(11))
-        else {
-            panic!("requeued")
-        };
+        let (second, _) = requeued(unknown(&first, at(11)));
         assert_eq!(
             (second.unknown_rechecks, second.not_before),
             (2, Some(at(15)))
         );
+        assert_eq!(unknown(&second, at(15)), Next::Ack(Outcome::Unknown));
         assert_eq!(
-            after_action(ActionAnswer::Unknown, &second, &rechecks, at(15)),
-            Next::Ack(Outcome::Unknown)
-        );
-        assert_eq!(
-            after_action(ActionAnswer::Unknown, &message(0, 0), &[], now),
+            after_action(ActionAnswer::Unknown, &message(0, 0), &[], at(10)),
             Next::Ack(Outcome::Unknown)
         );
     }
 
     #[test]
     fn other_verdicts_map_one_to_one() {
-        let m = message(0, 0);
-        let now = at(0);
+        let not_due = ActionAnswer::NotDue {
+            clock: "database",
+            left: Duration::from_millis(7),
+        };
         for (verdict, next) in [
             (ActionAnswer::Cancelled, Next::Ack(Outcome::Cancelled)),
             (ActionAnswer::NotUnpaid, Next::Ack(Outcome::NotUnpaid)),
             (ActionAnswer::Extended, Next::Ack(Outcome::Extended)),
             (ActionAnswer::Retry("r".into()), Next::Retry("r".into())),
             (ActionAnswer::Park("p".into()), Next::Park("p".into())),
-            (
-                ActionAnswer::NotDue {
-                    clock: "database",
-                    left: Duration::from_millis(7),
-                },
-                Next::Hold("database", Duration::from_millis(7)),
-            ),
+            (not_due, Next::Hold("database", Duration::from_millis(7))),
         ] {
-            assert_eq!(after_action(verdict, &m, &[], now), next);
+            assert_eq!(after_action(verdict, &message(0, 0), &[], at(0)), next);
         }
     }
 }

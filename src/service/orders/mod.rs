@@ -257,19 +257,15 @@ mod tests {
             .with_timezone(&Utc)
     }
 
+    /// Rows `(id, unpaid, deadline in s from due)` read at `due()`.
     fn existing(rows: &[(&str, bool, Option<i64>)]) -> HashMap<String, Existing> {
+        let row = |unpaid, deadline: Option<i64>| Existing {
+            unpaid,
+            deadline: deadline.map(|s| due() + TimeDelta::seconds(s)),
+            now: Some(due()),
+        };
         rows.iter()
-            .map(|(id, unpaid, deadline_s)| {
-                let deadline = deadline_s.map(|s| due() + TimeDelta::seconds(s));
-                (
-                    id.to_string(),
-                    Existing {
-                        unpaid: *unpaid,
-                        deadline,
-                        now: Some(due()),
-                    },
-                )
-            })
+            .map(|(id, unpaid, deadline)| (id.to_string(), row(*unpaid, *deadline)))
             .collect()
     }
 
@@ -324,12 +320,8 @@ mod tests {
         rows.get_mut("early").unwrap().now = Some(due() - TimeDelta::milliseconds(1_500));
         // A three-column exists_sql: this host's corrected clock says 200 ms before.
         rows.get_mut("fallback").unwrap().now = None;
-        let got = dispositions(
-            &refs,
-            &set(&[]),
-            &rows,
-            due() - TimeDelta::milliseconds(200),
-        );
+        let now = due() - TimeDelta::milliseconds(200);
+        let got = dispositions(&refs, &set(&[]), &rows, now);
         assert_eq!(
             got,
             [
