@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use order_expiry::{
     Settings, service::Action, service::ConfiguredAction, service::Consumer, service::Handled,
-    service::PgOrderStore, service::Readiness,
+    service::Outcome, service::PgOrderStore, service::Readiness,
 };
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
@@ -96,6 +96,16 @@ impl RunningConsumer {
         while let Ok(Some(h)) = tokio::time::timeout_at(deadline, self.outcomes.recv()).await {
             got.push(h);
         }
+        got
+    }
+
+    /// Everything handled during `period`, each of which must be `outcome`.
+    pub async fn only_during(&mut self, period: Duration, outcome: Outcome) -> Vec<Handled> {
+        let got = self.during(period).await;
+        assert!(
+            got.iter().all(|h| h.outcome == outcome),
+            "not all {outcome:?}: {got:?}"
+        );
         got
     }
 

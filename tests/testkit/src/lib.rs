@@ -24,6 +24,7 @@
 //!   placed, audited from the orders table against the invariants.
 //! - [`subscriber`]: [`Subscriber`]: an event-driven order service for the
 //!   event action, cancelling on `order.expired`.
+//! - [`wait`]: [`eventually`]: poll a condition instead of sleeping.
 //!
 //! To run a test against another broker, build its world with
 //! `World::builder().amqp_port(5673)`, or set `ORDER_EXPIRY_TEST_AMQP_PORT`
@@ -46,6 +47,7 @@ pub mod served;
 pub mod services;
 pub mod subscriber;
 pub mod tls_front;
+pub mod wait;
 pub mod world;
 
 pub use self::broker::{BrokerVersion, announced_version, broker_version};
@@ -62,6 +64,7 @@ pub use self::services::{
 };
 pub use self::subscriber::{Received, Subscriber};
 pub use self::tls_front::TlsFront;
+pub use self::wait::eventually;
 pub use self::world::{OrderRow, TEST_LEVELS, World, WorldBuilder, remove_topology};
 
 /// A message for `order_id` due at `due_at`; panics on an invalid id.

@@ -114,6 +114,16 @@ impl Served {
         }
     }
 
+    /// SIGTERM; asserts it exits 0 within 15 s.
+    pub async fn terminate(mut self) {
+        self.signal("-TERM");
+        let status = self.wait_exit(Duration::from_secs(15)).await;
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "serve exited {status:?}"
+        );
+    }
+
     /// Asserts that the sweeper cancelled nothing: every cancel of this `serve`
     /// came through the ladder and the consumer. A test of the message path
     /// runs with the sweeper off ([`crate::World::new`]), so this holds by

@@ -447,6 +447,33 @@ impl World {
         let _ = channel.close(200, "published".into()).await;
     }
 
+    /// Publishes `body` to `exchange` with `key` on a channel of its own and
+    /// asserts the broker routed and confirmed it.
+    pub async fn publish_to(
+        &self,
+        exchange: &str,
+        key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+    ) {
+        let channel = self.open_channel().await;
+        let confirms = channel.confirm_select(ConfirmSelectOptions::default());
+        confirms.await.expect("confirms");
+        let options = BasicPublishOptions {
+            mandatory: true,
+            ..Default::default()
+        };
+        let publishing =
+            channel.basic_publish(exchange.into(), key.into(), options, body, properties);
+        let confirm = publishing.await.expect("publish").await.expect("confirm");
+        assert_eq!(
+            confirm,
+            Confirmation::Ack(None),
+            "{exchange} took the message"
+        );
+        let _ = channel.close(200, "published".into()).await;
+    }
+
     /// Publishes messages, persistent, straight into the due exchange and waits
     /// for every confirm.
     pub async fn publish_messages(&self, messages: &[ExpiryMessage]) {
