@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
 
-use crate::support::{Fault, Outage, at_ms, build, order};
+use crate::support::{Fault, Outage, build, orders, ready, schedule_all};
 use order_expiry_testkit::{World, busiest_second};
 
 /// One run's size.
@@ -67,21 +67,16 @@ async fn run(size: Size) {
         .iter()
         .map(|r| ("ORDER_EXPIRY__CONSUMER__CATCH_UP_RATE", r.as_str()))
         .collect();
-    let served = world.serve(&env).await;
-    served.wait_ready(Duration::from_secs(30)).await;
+    let served = ready(&world, &env).await;
     // `per_second` a second from `lead` on, through the outage and `after`
     // past it.
     let count = size.per_second * (size.outage + size.after).as_secs() as usize;
     let step = 1_000.0 / size.per_second as f64;
     let lead = size.lead.as_millis() as i64;
-    let orders: Vec<_> = (0..count)
-        .map(|i| order(format!("cu-{i}"), at_ms(lead + (i as f64 * step) as i64)))
-        .collect();
+    let orders = orders("cu", count, |i| lead + (i as f64 * step) as i64);
     world.create_orders(&orders).await;
     let scheduler = world.scheduler();
-    for result in scheduler.schedule_many(orders.clone()).await {
-        result.expect("scheduled");
-    }
+    schedule_all(&scheduler, &orders).await;
     let wait = (orders[0].1 - Utc::now()).to_std().unwrap_or_default();
     tokio::time::sleep(wait).await;
     let down = Utc::now();

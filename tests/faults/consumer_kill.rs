@@ -7,7 +7,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::{Ledger, WAITING_CANCEL, World, at_ms, messages, order, settle, world};
+use crate::support::{
+    Ledger, WAITING_CANCEL, World, at_ms, ids, json, kill_9, messages, order, orders, poll, ready,
+    settle, world,
+};
 
 /// Orders early enough to be held unacked until due when the consumer dies.
 const HELD: usize = 300;
@@ -41,13 +44,10 @@ async fn publish(
         world.publish_messages(&messages(orders)).await;
         return orders.len() as u32;
     }
-    let properties = lapin::BasicProperties::default()
-        .with_content_type("application/json".into())
-        .with_delivery_mode(2);
     let mut sent = 0;
     for chunk in orders.chunks(BUNDLE) {
         let body = order_expiry_testkit::bundle(&messages(chunk));
-        world.publish_due(&body, properties.clone()).await;
+        world.publish_due(&body, json()).await;
         sent += 1;
     }
     sent
@@ -60,25 +60,16 @@ async fn killed_holding(bundled: bool) {
     };
     let world = world(name).await;
     // Its cancel must block on the locked rows: the statement that waits.
-    let mut first = world.serve(&WAITING_CANCEL).await;
-    first.wait_ready(Duration::from_secs(30)).await;
-
-    let held: Vec<_> = (0..HELD)
-        .map(|i| order(format!("held-{i}"), at_ms(6000 + i as i64)))
-        .collect();
-    let in_flight: Vec<_> = (0..IN_FLIGHT)
-        .map(|i| order(format!("inflight-{i}"), at_ms(-10)))
-        .collect();
-    let ladder: Vec<_> = (0..LADDER)
-        .map(|i| order(format!("ladder-{i}"), at_ms(1500 + (i as i64 * 37) % 2500)))
-        .collect();
+    let mut first = ready(&world, &WAITING_CANCEL).await;
+    let held = orders("held", HELD, |i| 6000 + i);
+    let in_flight = orders("inflight", IN_FLIGHT, |_| -10);
+    let ladder = orders("ladder", LADDER, |i| 1500 + (i * 37) % 2500);
     for group in [&held, &in_flight, &ladder] {
         world.create_orders(group).await;
     }
 
     // Lock the in-flight group's rows, so the consumer's cancel blocks on them.
-    let ids: Vec<&str> = in_flight.iter().map(|(id, _)| id.as_str()).collect();
-    let lock = world.lock_rows(&ids).await;
+    let lock = world.lock_rows(&ids(&in_flight)).await;
 
     let sent = publish(&world, &held, bundled).await + publish(&world, &in_flight, bundled).await;
     let scheduler = world.scheduler();
@@ -88,40 +79,32 @@ async fn killed_holding(bundled: bool) {
 
     // Wait until the first consumer holds every early message and its cancel of
     // the due ones is blocked on the lock.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
+    poll(Duration::from_secs(15), 50, async || {
         let held_now = first.metric("order_expiry_held_total").await as usize;
         let blocked = lock.blocked().await;
-        if held_now >= HELD && blocked >= 1 {
-            break;
+        match held_now >= HELD && blocked >= 1 {
+            true => Ok(()),
+            false => Err(format!(
+                "consumer holds {held_now} of {HELD}, {blocked} blocked cancels"
+            )),
         }
-        assert!(
-            Instant::now() < deadline,
-            "consumer holds {held_now} of {HELD}, {blocked} blocked cancels"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     let due_queue = world.ladder().due_queue();
     assert_eq!(world.depth(&due_queue).await, 0, "all delivered, unacked");
 
-    first.signal("-KILL");
-    let status = first
-        .wait_exit(Duration::from_secs(5))
-        .await
-        .expect("killed");
+    let status = kill_9(&mut first).await;
     let killed_at = Instant::now();
     assert!(!status.success());
     // The broker returns everything the dead consumer held.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut returned = 0;
-    while returned < sent {
-        assert!(
-            Instant::now() < deadline,
-            "only {returned} returned to the queue"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        returned = world.depth(&due_queue).await;
-    }
+    let returned = poll(Duration::from_secs(10), 100, async || {
+        let returned = world.depth(&due_queue).await;
+        match returned >= sent {
+            true => Ok(returned),
+            false => Err(format!("only {returned} returned to the queue")),
+        }
+    })
+    .await;
     // The dead consumer's blocked statement still commits once the lock goes:
     // those orders are cancelled, but their messages were never acked.
     lock.release().await;
@@ -213,8 +196,7 @@ async fn kill_9_repeats_only_the_pass_in_flight() {
         ("ORDER_EXPIRY__ACTION__HTTP__BASE_URL", base_url.as_str()),
         ("ORDER_EXPIRY__CONSUMER__UNKNOWN_RECHECKS_MS", "500"),
     ];
-    let mut first = world.serve(&env).await;
-    first.wait_ready(Duration::from_secs(30)).await;
+    let mut first = ready(&world, &env).await;
 
     // Bundle A, due in 1.5 s: settled long before the kill.
     let a_due = at_ms(1_500);
@@ -253,14 +235,11 @@ async fn kill_9_repeats_only_the_pass_in_flight() {
         .as_array_mut()
         .expect("orders")
         .push(serde_json::json!({"order_id": "", "due_at": "2026-01-01T00:00:00Z"}));
-    let properties = lapin::BasicProperties::default()
-        .with_content_type("application/json".into())
-        .with_delivery_mode(2);
     world
-        .publish_due(a_body.to_string().as_bytes(), properties.clone())
+        .publish_due(a_body.to_string().as_bytes(), json())
         .await;
     world
-        .publish_due(&order_expiry_testkit::bundle(&messages(&b)), properties)
+        .publish_due(&order_expiry_testkit::bundle(&messages(&b)), json())
         .await;
 
     // B's pass is in flight: its hanging call came a second ago.
@@ -268,11 +247,7 @@ async fn kill_9_repeats_only_the_pass_in_flight() {
         .wait_for("expire", "b-0", 1, Duration::from_secs(15))
         .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    first.signal("-KILL");
-    first
-        .wait_exit(Duration::from_secs(5))
-        .await
-        .expect("killed");
+    kill_9(&mut first).await;
     let calls_at_kill: usize = service
         .requests()
         .iter()
@@ -293,19 +268,18 @@ async fn kill_9_repeats_only_the_pass_in_flight() {
         };
         wanted.push((id.clone(), status));
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    poll(Duration::from_secs(30), 200, async || {
         let rows = world.rows().await;
         let wrong: Vec<_> = wanted
             .iter()
             .filter(|(id, status)| rows.get(id).map(|r| r.status.as_str()) != Some(*status))
             .collect();
-        if wrong.is_empty() {
-            break;
+        match wrong.is_empty() {
+            true => Ok(()),
+            false => Err(format!("not as wanted: {wrong:?}")),
         }
-        assert!(Instant::now() < deadline, "not as wanted: {wrong:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await;
     // Let the second serve finish what it holds (a-unknown's looks are over).
     tokio::time::sleep(Duration::from_secs(1)).await;
 

@@ -5,7 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::{Fault, Ledger, Outage, ReadyWatch, at_ms, order, settle, world};
+use crate::support::{
+    Fault, Ledger, Outage, ReadyWatch, assert_not_ready, orders, ready, settle, world,
+};
 
 const ORDERS: usize = 400;
 const OUTAGE: Duration = Duration::from_secs(10);
@@ -15,14 +17,11 @@ const MAX_CPU_SECONDS: f64 = 0.5;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_down_for_ten_seconds_backs_off_and_loses_nothing() {
     let world = world("database outage").await;
-    let mut served = world.serve(&[]).await;
-    served.wait_ready(Duration::from_secs(30)).await;
+    let mut served = ready(&world, &[]).await;
     let watch = ReadyWatch::start(&served);
 
     // Due from 1 s to 9 s from now: most come due while the database is down.
-    let orders: Vec<_> = (0..ORDERS)
-        .map(|i| order(format!("db-{i}"), at_ms(1000 + (i as i64 * 53) % 8000)))
-        .collect();
+    let orders = orders("db", ORDERS, |i| 1000 + (i * 53) % 8000);
     world.create_orders(&orders).await;
     let scheduler = world.scheduler();
     let mut ledger = Ledger::default();
@@ -52,11 +51,7 @@ async fn database_down_for_ten_seconds_backs_off_and_loses_nothing() {
         .await
         .expect("restore database");
     let ready_at = watch.wait_for(200, back_at, Duration::from_secs(30)).await;
-    let during = watch.between(not_ready_at, before_restore);
-    assert!(
-        during.iter().all(|s| *s != 200),
-        "/readyz said 200 while the database was down: {during:?}"
-    );
+    assert_not_ready(&watch, not_ready_at, before_restore, "the database");
 
     let figures = settle(&world, &ledger, Duration::from_secs(60)).await;
     let settled_at = Instant::now();

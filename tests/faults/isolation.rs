@@ -12,7 +12,10 @@ use chrono::Utc;
 use order_expiry_testkit::Proxy;
 use secrecy::ExposeSecret;
 
-use crate::support::{Ledger, ReadyWatch, at_ms, dead_letter_retry, order, settle, world};
+use crate::support::{
+    Ledger, ReadyWatch, assert_not_ready, dead_letter_retry, orders, poll, ready, schedule_all,
+    settle, world,
+};
 
 /// Lateness bound for the orders that share nothing with the fault.
 const MAX_LATENESS: Duration = Duration::from_secs(1);
@@ -25,24 +28,15 @@ async fn one_order_locked_for_thirty_seconds_holds_up_no_other() {
     // (1 s here) while its row is locked.
     const AFTER_RELEASE: Duration = Duration::from_millis(2500);
     let world = world("row lock").await;
-    let served = world
-        .serve(&[("ORDER_EXPIRY__CONSUMER__RETRY_MAX_MS", "1000")])
-        .await;
-    served.wait_ready(Duration::from_secs(30)).await;
-
+    let served = ready(&world, &[("ORDER_EXPIRY__CONSUMER__RETRY_MAX_MS", "1000")]).await;
     // Due 3.0-3.5 s from now: they come due together and share batches.
-    let orders: Vec<_> = (0..ORDERS)
-        .map(|i| order(format!("lock-{i}"), at_ms(3000 + i as i64)))
-        .collect();
+    let orders = orders("lock", ORDERS, |i| 3000 + i);
     world.create_orders(&orders).await;
     let locked = "lock-250";
     let lock = world.lock_rows(&[locked]).await;
     let locked_at = Instant::now();
     let scheduler = world.scheduler();
-    let scheduled = scheduler
-        .schedule_many(orders.iter().map(|(id, due)| (id.clone(), *due)))
-        .await;
-    assert!(scheduled.iter().all(Result::is_ok), "all scheduled");
+    schedule_all(&scheduler, &orders).await;
     let others = Ledger::scheduled(orders.iter().filter(|(id, _)| id != locked));
     let figures = settle(&world, &others, Duration::from_secs(20)).await;
     figures.assert_invariants();
@@ -61,20 +55,15 @@ async fn one_order_locked_for_thirty_seconds_holds_up_no_other() {
     );
     let released_at = Utc::now();
     lock.release().await;
-    let released = Instant::now();
     // ... and is cancelled soon after it is released (the payment rolled back).
-    let deadline = released + AFTER_RELEASE;
-    let cancelled_at = loop {
+    let cancelled_at = poll(AFTER_RELEASE, 50, async || {
         let (status, _, cancelled_at) = world.order(locked).await;
-        if status == "cancelled" {
-            break cancelled_at.expect("cancelled_at");
+        match status == "cancelled" {
+            true => Ok(cancelled_at.expect("cancelled_at")),
+            false => Err(format!("not cancelled {AFTER_RELEASE:?} after the release")),
         }
-        assert!(
-            Instant::now() < deadline,
-            "not cancelled {AFTER_RELEASE:?} after the release"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    })
+    .await;
     assert!(cancelled_at >= released_at, "cancelled before the release");
     let retries = served.metric("order_expiry_retries_total").await;
     figures.print(
@@ -113,19 +102,15 @@ async fn a_silent_database_for_a_minute_loses_nothing_and_does_not_spin() {
         .url
         .expose_secret()
         .replace("127.0.0.1:5432", &proxy.addr().to_string());
-    let mut served = world
-        .serve(&[
-            ("ORDER_EXPIRY__DATABASE__URL", &url),
-            ("ORDER_EXPIRY__CONSUMER__RETRY_MAX_MS", "1000"),
-        ])
-        .await;
-    served.wait_ready(Duration::from_secs(30)).await;
+    let env = [
+        ("ORDER_EXPIRY__DATABASE__URL", url.as_str()),
+        ("ORDER_EXPIRY__CONSUMER__RETRY_MAX_MS", "1000"),
+    ];
+    let mut served = ready(&world, &env).await;
     let watch = ReadyWatch::start(&served);
 
     // Due every 100 ms from 2 s to 62 s: most come due while the database is silent.
-    let orders: Vec<_> = (0..ORDERS)
-        .map(|i| order(format!("bh-{i}"), at_ms(2000 + i as i64 * 100)))
-        .collect();
+    let orders = orders("bh", ORDERS, |i| 2000 + i * 100);
     let scheduler = world.scheduler();
     let ledger = Ledger::place(&world, &scheduler, &orders, 4).await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
@@ -145,10 +130,11 @@ async fn a_silent_database_for_a_minute_loses_nothing_and_does_not_spin() {
     proxy.restore();
     let back_at = Instant::now();
     let ready_at = watch.wait_for(200, back_at, Duration::from_secs(30)).await;
-    let during = watch.between(not_ready_at, before_restore);
-    assert!(
-        during.iter().all(|s| *s != 200),
-        "/readyz said 200 while the database was silent"
+    assert_not_ready(
+        &watch,
+        not_ready_at,
+        before_restore,
+        "the database (silent)",
     );
     let figures = settle(&world, &ledger, Duration::from_secs(30)).await;
     let settled = back_at.elapsed();
@@ -214,24 +200,18 @@ async fn a_deleted_due_queue_is_declared_again_and_nothing_is_lost() {
         .expect("dead-letter retry");
     let bound = retry + AFTER_RETRY;
     let world = world("due queue deleted").await;
-    let served = world
-        .serve(&[
-            ("ORDER_EXPIRY__SWEEPER__ENABLED", "true"),
-            (
-                "ORDER_EXPIRY__SWEEPER__INTERVAL_MS",
-                &SWEEP_EVERY.as_millis().to_string(),
-            ),
-            (
-                "ORDER_EXPIRY__SWEEPER__GRACE_MS",
-                &GRACE.as_millis().to_string(),
-            ),
-        ])
-        .await;
-    served.wait_ready(Duration::from_secs(30)).await;
+    let (every, grace) = (
+        SWEEP_EVERY.as_millis().to_string(),
+        GRACE.as_millis().to_string(),
+    );
+    let sweeper = [
+        ("ORDER_EXPIRY__SWEEPER__ENABLED", "true"),
+        ("ORDER_EXPIRY__SWEEPER__INTERVAL_MS", every.as_str()),
+        ("ORDER_EXPIRY__SWEEPER__GRACE_MS", grace.as_str()),
+    ];
+    let served = ready(&world, &sweeper).await;
     // Due every 30 ms from 2 s to 11 s, through the ladder.
-    let orders: Vec<_> = (0..ORDERS)
-        .map(|i| order(format!("dq-{i}"), at_ms(2000 + i as i64 * 30)))
-        .collect();
+    let orders = orders("dq", ORDERS, |i| 2000 + i * 30);
     let scheduler = world.scheduler();
     let ledger = Ledger::place(&world, &scheduler, &orders, 4).await;
     tokio::time::sleep(Duration::from_millis(4000)).await;

@@ -9,7 +9,7 @@ use chrono::Utc;
 use order_expiry_testkit::connect_database;
 use rand::Rng;
 
-use crate::support::{Ledger, at_ms, order, settle, world};
+use crate::support::{Ledger, orders, ready, schedule_all, settle, world};
 
 const ORDERS: usize = 400;
 const PAYERS: usize = 8;
@@ -18,28 +18,20 @@ const JITTER_MS: i64 = 25;
 /// A payment lands at most this long after its target: measured at 5 ms, a
 /// bound a busy laptop holds; later, the race is no longer at the due time.
 const MAX_PAYMENT_DELAY_MS: i64 = 250;
-/// The share of payments that must land within [`MAX_PAYMENT_DELAY_MS`]: one
-/// payer stalled once by a busy machine (894 ms, on 2026-12-02, with a build
-/// beside the fault stage) leaves the race real for the other 399; a payer
-/// that falls behind for good does not.
+/// The share of payments that must land within [`MAX_PAYMENT_DELAY_MS`]: a
+/// payer stalled once by a busy machine leaves the race real for the others;
+/// a payer that falls behind for good does not.
 const ON_TIME_SHARE: f64 = 0.9;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payments_racing_the_due_time_are_never_cancelled() {
     let world = world("payment race").await;
-    let served = world.serve(&[]).await;
-    served.wait_ready(Duration::from_secs(30)).await;
-
+    let served = ready(&world, &[]).await;
     // Due 3-5 s from now, 5 ms apart.
-    let orders: Vec<_> = (0..ORDERS)
-        .map(|i| order(format!("race-{i}"), at_ms(3000 + i as i64 * 5)))
-        .collect();
+    let orders = orders("race", ORDERS, |i| 3000 + i * 5);
     world.create_orders(&orders).await;
     let scheduler = world.scheduler();
-    let scheduled = scheduler
-        .schedule_many(orders.iter().map(|(id, due)| (id.clone(), *due)))
-        .await;
-    assert!(scheduled.iter().all(Result::is_ok), "all scheduled");
+    schedule_all(&scheduler, &orders).await;
 
     // Each payer has its own connection and pays its share at due_at ± jitter.
     let url = secrecy::ExposeSecret::expose_secret(&world.settings.database.url).to_owned();

@@ -4,11 +4,10 @@
 
 use std::time::Duration;
 
-use order_expiry_testkit::pg_pair::{self, Replication};
+use order_expiry_testkit::pg_pair::Replication;
 
 use super::run::Scenario;
-use super::timeline::Timeline;
-use crate::support::{Ledger, at_ms, order};
+use crate::support::{Ledger, ids, orders};
 
 const ORDERS: usize = 10_000;
 
@@ -17,21 +16,10 @@ const ORDERS: usize = 10_000;
 async fn primary_killed_mid_flash_sale_every_order_cancelled_within_ten_seconds() {
     let s = Scenario::start("failover: flash sale", Replication::Sync, &[]).await;
     // Due from 10 s to 20 s after the start, in no order; one in ten paid.
-    let orders: Vec<_> = (0..ORDERS)
-        .map(|i| {
-            order(
-                format!("s-{i}"),
-                at_ms(10_000 + (i as i64 * 7_919) % 10_000),
-            )
-        })
-        .collect();
+    let orders = orders("s", ORDERS, |i| 10_000 + (i * 7_919) % 10_000);
     s.world.create_orders(&orders).await;
     let results = s.scheduler.schedule_many(orders.iter().cloned()).await;
-    let paid: Vec<&str> = orders
-        .iter()
-        .step_by(10)
-        .map(|(id, _)| id.as_str())
-        .collect();
+    let paid: Vec<&str> = ids(&orders).into_iter().step_by(10).collect();
     let client = s.world.connect().await.expect("database");
     let update = "UPDATE orders SET status = 'paid', paid_at = now() WHERE id = ANY($1)";
     client.execute(update, &[&paid]).await.expect("pay");
@@ -44,10 +32,7 @@ async fn primary_killed_mid_flash_sale_every_order_cancelled_within_ten_seconds(
         .metric("order_expiry_orders_per_message_count")
         .await;
 
-    let fault = s.fault_at(Duration::from_secs(14)).await;
-    pg_pair::kill(1).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let timeline = Timeline::new(fault, pg_pair::promote(2).await);
+    let timeline = s.kill_and_promote(Duration::from_secs(14)).await;
 
     let end = s.settle(&timeline, &ledger, Duration::from_secs(120)).await;
     let messages = s

@@ -5,20 +5,18 @@
 
 use std::time::Duration;
 
-use order_expiry_testkit::pg_pair::{self, Replication};
+use order_expiry_testkit::pg_pair::Replication;
 use tokio_util::sync::CancellationToken;
 
 use super::outbox::outbox_writer;
 use super::run::{Scenario, record_payments, until};
-use super::timeline::Timeline;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn primary_killed_standby_promoted_every_order_cancelled_within_ten_seconds() {
     let s = Scenario::start("failover: primary killed", Replication::Sync, &[]).await;
     let stop = CancellationToken::new();
-    let url = secrecy::ExposeSecret::expose_secret(&s.world.settings.database.url).to_owned();
     let writer = tokio::spawn(outbox_writer(
-        url,
+        s.url(),
         Duration::from_millis(50),
         Duration::from_secs(3),
         stop.clone(),
@@ -26,10 +24,7 @@ async fn primary_killed_standby_promoted_every_order_cancelled_within_ten_second
     // Due from 2 s to 16 s from now: the kill comes at 7 s.
     let (mut ledger, payer) = s.traffic("k").await;
 
-    let fault = s.fault_at(Duration::from_secs(7)).await;
-    pg_pair::kill(1).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let timeline = Timeline::new(fault, pg_pair::promote(2).await);
+    let timeline = s.kill_and_promote(Duration::from_secs(7)).await;
 
     until(s.began, Duration::from_secs(14)).await;
     stop.cancel();

@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
+use chrono::{TimeDelta, Utc};
 use order_expiry_testkit::pg_pair::{self, Replication};
 
 use super::run::{Paid, Scenario, pay_for_sure, until};
@@ -43,30 +43,19 @@ async fn lag_then_kill(name: &'static str, mode: Replication) -> Lagged {
 
     until(s.began, Duration::from_secs(5)).await;
     pg_pair::pause_replication().await;
-    let url = secrecy::ExposeSecret::expose_secret(&s.world.settings.database.url).to_owned();
-    let store = std::sync::Arc::clone(&s.world.store);
-    let window_ends = Utc::now() + chrono::TimeDelta::seconds(2);
+    let (url, store) = (s.url(), std::sync::Arc::clone(&s.world.store));
+    let window_ends = Utc::now() + TimeDelta::seconds(2);
     let payments = tokio::spawn(async move {
         let mut paid = Vec::new();
         for id in to_pay {
-            if pay_for_sure(
-                &store,
-                &url,
-                &id,
-                Utc::now() + chrono::TimeDelta::seconds(40),
-            )
-            .await
-                == Paid::Yes
-            {
+            let until = Utc::now() + TimeDelta::seconds(40);
+            if pay_for_sure(&store, &url, &id, until).await == Paid::Yes {
                 paid.push((id, Utc::now() < window_ends));
             }
         }
         paid
     });
-    let fault = s.fault_at(Duration::from_secs(8)).await;
-    pg_pair::kill(1).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let timeline = Timeline::new(fault, pg_pair::promote(2).await);
+    let timeline = s.kill_and_promote(Duration::from_secs(8)).await;
     let paid = payments.await.expect("payments");
     for (id, _) in &paid {
         if let Some(placed) = ledger.orders.iter_mut().find(|o| &o.id == id) {

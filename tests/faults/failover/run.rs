@@ -94,11 +94,25 @@ impl Scenario {
         Timeline::fault_now()
     }
 
+    /// At `at` after the scenario began, kills the primary (-9); promotes the
+    /// standby 2 s later (a failover manager's detection).
+    pub async fn kill_and_promote(&self, at: Duration) -> Timeline {
+        let fault = self.fault_at(at).await;
+        pg_pair::kill(1).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        Timeline::new(fault, pg_pair::promote(2).await)
+    }
+
+    /// The world's database URL (both hosts, read-write).
+    pub fn url(&self) -> String {
+        self.world.settings.database.url.expose_secret().to_owned()
+    }
+
     /// Pays the orders `i % 5 == 1` of `ledger` 200 ms before each is due, across
     /// whatever the database does meanwhile (see [`pay_for_sure`]).
     pub fn payer(&self, ledger: &Ledger) -> JoinHandle<Vec<(String, Paid)>> {
         let store = Arc::clone(&self.world.store);
-        let url = self.world.settings.database.url.expose_secret().to_owned();
+        let url = self.url();
         let due: Vec<_> = ledger
             .orders
             .iter()

@@ -18,7 +18,7 @@
 use order_expiry_testkit::vhost;
 use serde_json::{Value, json};
 
-use super::run;
+use super::{argv, run};
 
 const EXCHANGES: usize = 5000;
 const BINDINGS_PER_EXCHANGE: usize = 4;
@@ -27,38 +27,18 @@ const QUEUES: usize = 150;
 /// Imports the ballast into the test broker unless it is there already.
 pub fn ensure_ballast() {
     let vhost = vhost();
-    let listing = run(
-        "rabbitmqctl",
-        &[
-            "-q",
-            "list_queues",
-            "-p",
-            &vhost,
-            "--no-table-headers",
-            "name",
-        ],
-    )
-    .unwrap_or_default();
-    if listing
-        .lines()
-        .filter(|l| l.starts_with("ballast.q."))
-        .count()
-        == QUEUES
-    {
+    let list = argv("-q list_queues --no-table-headers name -p", &vhost);
+    let listing = run("rabbitmqctl", &list).unwrap_or_default();
+    let ballast = listing.lines().filter(|l| l.starts_with("ballast.q."));
+    if ballast.count() == QUEUES {
         return;
     }
     let file =
         std::env::temp_dir().join(format!("order-expiry-ballast-{}.json", std::process::id()));
     std::fs::write(&file, definitions(&vhost).to_string()).expect("write ballast definitions");
     let started = std::time::Instant::now();
-    let imported = run(
-        "rabbitmqctl",
-        &[
-            "-q",
-            "import_definitions",
-            file.to_str().expect("utf-8 path"),
-        ],
-    );
+    let path = file.to_str().expect("utf-8 path");
+    let imported = run("rabbitmqctl", &["-q", "import_definitions", path]);
     let _ = std::fs::remove_file(&file);
     imported.expect("import the ballast");
     eprintln!(

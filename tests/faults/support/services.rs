@@ -33,6 +33,11 @@ pub fn run(program: &str, args: &[&str]) -> Result<String, String> {
     }
 }
 
+/// The words of `words` (split at spaces), then `last`.
+pub fn argv<'a>(words: &'a str, last: &'a str) -> Vec<&'a str> {
+    words.split(' ').chain([last]).collect()
+}
+
 pub fn port_open(port: u16) -> bool {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_ok()
@@ -118,21 +123,8 @@ pub fn ensure_database_up() {
         );
     }
     let deadline = Instant::now() + Duration::from_secs(30);
-    while run(
-        "psql",
-        &[
-            "-h",
-            "127.0.0.1",
-            "-U",
-            "postgres",
-            "-d",
-            "postgres",
-            "-Atqc",
-            "select 1",
-        ],
-    )
-    .is_err()
-    {
+    let select_1 = argv("-h 127.0.0.1 -U postgres -d postgres -Atqc", "select 1");
+    while run("psql", &select_1).is_err() {
         assert!(Instant::now() < deadline, "PostgreSQL does not answer");
         std::thread::sleep(Duration::from_millis(200));
     }

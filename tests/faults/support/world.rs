@@ -1,9 +1,11 @@
 //! A fault test's world: the shared isolated world of `order_expiry_testkit`
 //! (its `serve` logs kept per scenario), built once the services are up.
 
+use std::time::{Duration, Instant};
+
 use chrono::{DateTime, Utc};
-use order_expiry::publisher::ExpiryMessage;
-use order_expiry_testkit::{World, WorldBuilder, message};
+use order_expiry::{Scheduler, publisher::ExpiryMessage};
+use order_expiry_testkit::{Figures, Ledger, Served, World, WorldBuilder, message};
 
 use super::*;
 
@@ -51,4 +53,85 @@ pub fn order(id: impl Into<String>, due_at: DateTime<Utc>) -> (String, DateTime<
 /// Messages for `orders`.
 pub fn messages(orders: &[(String, DateTime<Utc>)]) -> Vec<ExpiryMessage> {
     orders.iter().map(|(id, at)| message(id, *at)).collect()
+}
+
+/// `n` unpaid orders `<prefix>-<i>`, order `i` due `due_ms(i)` ms from now.
+pub fn orders(prefix: &str, n: usize, due_ms: impl Fn(i64) -> i64) -> Vec<(String, DateTime<Utc>)> {
+    (0..n as i64)
+        .map(|i| order(format!("{prefix}-{i}"), at_ms(due_ms(i))))
+        .collect()
+}
+
+/// `serve` with `env`, once `/readyz` says 200.
+pub async fn ready(world: &World, env: &[(&str, &str)]) -> Served {
+    let served = world.serve(env).await;
+    served.wait_ready(Duration::from_secs(30)).await;
+    served
+}
+
+/// Persistent `application/json` properties, as the publisher sends them.
+pub fn json() -> lapin::BasicProperties {
+    lapin::BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_delivery_mode(2)
+}
+
+/// The ids of `orders`.
+pub fn ids(orders: &[(String, DateTime<Utc>)]) -> Vec<&str> {
+    orders.iter().map(|(id, _)| id.as_str()).collect()
+}
+
+/// Schedules every order of `orders` with `schedule_many`; all must be confirmed.
+pub async fn schedule_all(scheduler: &Scheduler, orders: &[(String, DateTime<Utc>)]) {
+    let scheduled = scheduler.schedule_many(orders.iter().cloned()).await;
+    assert!(scheduled.iter().all(Result::is_ok), "all scheduled");
+}
+
+/// A next `serve` (with `env`) settles `ledger` within 30 s: the invariants,
+/// nothing swept, the due queue empty.
+pub async fn next_consumer_finishes(
+    world: &World,
+    env: &[(&str, &str)],
+    ledger: &Ledger,
+) -> (Served, Figures) {
+    let next = world.serve(env).await;
+    let figures = settle(world, ledger, Duration::from_secs(30)).await;
+    figures.assert_invariants();
+    next.assert_nothing_swept().await;
+    assert_eq!(world.depth(&world.ladder().due_queue()).await, 0);
+    (next, figures)
+}
+
+/// `kill -9` of `served`; its exit status (within 5 s).
+pub async fn kill_9(served: &mut Served) -> std::process::ExitStatus {
+    served.signal("-KILL");
+    let exited = served.wait_exit(Duration::from_secs(5)).await;
+    exited.expect("serve killed")
+}
+
+/// `/readyz` never said 200 from `from` (its 503) until `to` (the restore):
+/// not while `what` was down.
+pub fn assert_not_ready(watch: &ReadyWatch, from: Instant, to: Instant, what: &str) {
+    let during = watch.between(from, to);
+    assert!(
+        during.iter().all(|s| *s != 200),
+        "/readyz said 200 while {what} was down: {during:?}"
+    );
+}
+
+/// Polls `check` every `every_ms` until it returns `Ok`; panics with its
+/// last `Err` after `limit`.
+pub async fn poll<T, E: std::fmt::Display, F: AsyncFnMut() -> Result<T, E>>(
+    limit: Duration,
+    every_ms: u64,
+    mut check: F,
+) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(what) => assert!(Instant::now() < deadline, "{what}"),
+        }
+        tokio::time::sleep(Duration::from_millis(every_ms)).await;
+    }
 }
