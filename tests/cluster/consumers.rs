@@ -7,12 +7,9 @@
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use order_expiry_testkit::{Served, at_ms, message};
+use order_expiry_testkit::{Served, at_ms, message, sum_metric};
 
-use crate::support::{ClusterWorld, rows};
-
-/// `serve` without the sweeper.
-const NO_SWEEPER: [(&str, &str); 1] = [("ORDER_EXPIRY__SWEEPER__ENABLED", "false")];
+use crate::support::{ClusterWorld, NO_SWEEPER};
 
 /// Orders due at once in each drain measurement.
 const DRAIN_ORDERS: i64 = 20_000;
@@ -52,7 +49,7 @@ async fn place(world: &ClusterWorld, prefix: &str, n: i64, due_at: DateTime<Utc>
 async fn drained(world: &ClusterWorld, ids: &[String], limit: Duration) -> (f64, usize) {
     let deadline = Instant::now() + limit;
     loop {
-        let rows = rows(world).await;
+        let rows = world.rows().await;
         let cancelled: Vec<_> = ids
             .iter()
             .filter_map(|id| {
@@ -81,14 +78,12 @@ async fn drained(world: &ClusterWorld, ids: &[String], limit: Duration) -> (f64,
 async fn cancelled_by(serves: &[Served]) -> Vec<f64> {
     let mut counts = Vec::new();
     for served in serves {
-        counts.push(
-            served
-                .metric("order_expiry_messages_total{outcome=\"cancelled\"}")
-                .await,
-        );
+        counts.push(served.metric(CANCELLED).await);
     }
     counts
 }
+
+const CANCELLED: &str = "order_expiry_messages_total{outcome=\"cancelled\"}";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_consumers_on_three_nodes_cancel_each_order_once_and_drain() {
@@ -96,33 +91,21 @@ async fn three_consumers_on_three_nodes_cancel_each_order_once_and_drain() {
     // The due queue fills first (orders due at once), then the consumers start:
     // the drain is measured from the first cancel to the last.
     let one = place(&world, "one", DRAIN_ORDERS, at_ms(-1000)).await;
-    let single = [world.serve(1, &NO_SWEEPER).await];
-    single[0].wait_ready(Duration::from_secs(30)).await;
+    let single = world.serves_on(&[1], &NO_SWEEPER).await;
     let (rate_one, early_one) = drained(&world, &one, Duration::from_secs(120)).await;
     let by_one = cancelled_by(&single).await;
     drop(single);
 
     let three = place(&world, "three", DRAIN_ORDERS, at_ms(-1000)).await;
-    let serves = [
-        world.serve(1, &NO_SWEEPER).await,
-        world.serve(2, &NO_SWEEPER).await,
-        world.serve(3, &NO_SWEEPER).await,
-    ];
-    for served in &serves {
-        served.wait_ready(Duration::from_secs(30)).await;
-    }
+    let serves = world.serves_on(&[1, 2, 3], &NO_SWEEPER).await;
     let (rate_three, early_three) = drained(&world, &three, Duration::from_secs(120)).await;
     let nodes = world.due_consumer_nodes().await;
     let by_three = cancelled_by(&serves).await;
-    let duplicates: f64 = {
-        let mut n = 0.0;
-        for served in &serves {
-            n += served
-                .metric("order_expiry_messages_total{outcome=\"not_unpaid\"}")
-                .await;
-        }
-        n
-    };
+    let duplicates = sum_metric(
+        &serves,
+        "order_expiry_messages_total{outcome=\"not_unpaid\"}",
+    )
+    .await;
 
     // Orders due over the next seconds while all three consume: none early.
     let ids: Vec<String> = (1..=600).map(|i| format!("spread-{i}")).collect();

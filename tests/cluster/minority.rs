@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use order_expiry_testkit::{Served, settings_env};
 
-use crate::support::{ClusterWorld, node_url};
+use crate::support::{ClusterWorld, NO_SWEEPER, node_url};
 
 /// How long each `topology apply` may take without a majority before the test
 /// calls it hung: its declares are bounded by `amqp.timeout_ms` (3 s here).
@@ -54,15 +54,8 @@ impl Minority {
         let new_prefix = format!("{}-new", world.settings.topology.prefix);
         let apply_new = apply(world, &new_prefix).await;
         let url = node_url(1);
-        let serve = world
-            .serve(
-                1,
-                &[
-                    ("ORDER_EXPIRY__AMQP__URL", url.as_str()),
-                    ("ORDER_EXPIRY__SWEEPER__ENABLED", "false"),
-                ],
-            )
-            .await;
+        let env = [("ORDER_EXPIRY__AMQP__URL", url.as_str()), NO_SWEEPER[0]];
+        let serve = world.serve(1, &env).await;
         let until = Instant::now() + watch;
         let mut ready = false;
         while Instant::now() < until {

@@ -11,10 +11,10 @@
 //!   the same bound;
 //! - SIGSTOP for 60 s ([`crate::hung_node`]): within [`HUNG`].
 //!
-//! What held orders before: RabbitMQ 4.3's quorum queues keep what a consumer
-//! on an unreachable node had checked out for `consumer_disconnected_timeout`
-//! (60 s) rather than returning it, so the orders the dead node's `serve` held
-//! until their due time waited that long. The queues `serve` consumes now carry
+//! RabbitMQ 4.3's quorum queues keep what a consumer on an unreachable node
+//! had checked out for `consumer_disconnected_timeout` (60 s by default)
+//! rather than returning it, so the orders the dead node's `serve` held would
+//! wait that long. The queues `serve` consumes carry
 //! `x-consumer-disconnected-timeout = 1000`; run with
 //! `ORDER_EXPIRY__TOPOLOGY__CONSUMER_DISCONNECTED_TIMEOUT_MS=0` to declare them
 //! without it and see these fail.
@@ -29,7 +29,8 @@ use chrono::{TimeDelta, Utc};
 use order_expiry_testkit::{Endpoint, Lateness, sum_metric};
 
 use crate::support::{
-    ClusterWorld, Figures, NodesBack, kill, orders_on, pause, resume, rows, start,
+    ClusterWorld, Figures, NO_SWEEPER, NodesBack, busiest, kill, orders_on, others, pause, resume,
+    start,
 };
 
 /// A killed node: every order cancelled within this of its due time. The
@@ -88,8 +89,8 @@ pub(crate) async fn from_due(name: &'static str, fault: Gone, http: bool, bound:
     let _back = NodesBack;
     let world = ClusterWorld::new(name, 6).await;
     let before = world.leaders(".ladder.").await;
-    let busiest = (1..=3).max_by_key(|n| before[n - 1]).expect("three nodes");
-    let (other, publisher) = (busiest % 3 + 1, (busiest + 1) % 3 + 1);
+    let busiest = busiest(before);
+    let (other, publisher) = others(busiest);
     let endpoint = match http {
         true => Some(Endpoint::order_service(Arc::clone(&world.store)).await),
         false => None,
@@ -98,7 +99,7 @@ pub(crate) async fn from_due(name: &'static str, fault: Gone, http: bool, bound:
         .as_ref()
         .map(Endpoint::base_url)
         .unwrap_or_default();
-    let mut env = vec![("ORDER_EXPIRY__SWEEPER__ENABLED", "false")];
+    let mut env = NO_SWEEPER.to_vec();
     if http {
         env.extend([
             ("ORDER_EXPIRY__ACTION__KIND", "http"),
@@ -106,13 +107,7 @@ pub(crate) async fn from_due(name: &'static str, fault: Gone, http: bool, bound:
             ("ORDER_EXPIRY__ACTION__HTTP__TIMEOUT_MS", "2000"),
         ]);
     }
-    let serves = [
-        world.serve(busiest, &env).await,
-        world.serve(other, &env).await,
-    ];
-    for served in &serves {
-        served.wait_ready(Duration::from_secs(30)).await;
-    }
+    let serves = world.serves_on(&[busiest, other], &env).await;
     let orders = orders_on(&world, publisher);
     tokio::time::sleep(Duration::from_secs(5)).await;
     let (fault_at, fault_wall) = (Instant::now(), Utc::now());
@@ -147,7 +142,7 @@ pub(crate) async fn from_due(name: &'static str, fault: Gone, http: bool, bound:
             back = Some(fault_at.elapsed());
         }
         // Measured from due: no recovery time.
-        let figures = Figures::audit(&ledger, &rows(&world).await, None);
+        let figures = Figures::audit(&ledger, &world.rows().await, None);
         let settled = figures.settled();
         // A fault that ends lasts its whole DOWN, settled or not.
         let over = back.is_some() || fault == Gone::KilledForGood;
@@ -156,7 +151,7 @@ pub(crate) async fn from_due(name: &'static str, fault: Gone, http: bool, bound:
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
-    let rows = rows(&world).await;
+    let rows = world.rows().await;
     let held = format!(
         "lateness from due: orders due after the fault {}; all {}",
         Lateness::of(&ledger, &rows, |o| o.due_at > fault_wall),

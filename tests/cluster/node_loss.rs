@@ -28,10 +28,9 @@ const BOUND: Duration = Duration::from_secs(10);
 
 /// With the majority lost, nothing moves until a second node is back; then
 /// every order is cancelled within this of max(due, quorum back): the restart
-/// bound plus the nodes' own recovery of their quorum queues. Measured here
-/// from the first confirm after the loss (the majority's real return, up to
-/// 3 s before node 2's start returns): 16.8 s on a shared machine; from the
-/// start's return, as before, it read 8.5 s.
+/// bound plus the nodes' own recovery of their quorum queues, measured from
+/// the first confirm after the loss (the majority's real return, up to 3 s
+/// before node 2's start returns): 16.8 s on a shared machine.
 const MAJORITY_BOUND: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,10 +88,7 @@ pub(crate) async fn scenario(name: &'static str, fault: Fault, bound: Duration) 
         _ => "false",
     };
     let env = [("ORDER_EXPIRY__SWEEPER__ENABLED", sweeper)];
-    let serves = [world.serve(1, &env).await, world.serve(2, &env).await];
-    for served in &serves {
-        served.wait_ready(Duration::from_secs(30)).await;
-    }
+    let serves = world.serves_on(&[1, 2], &env).await;
     let orders = orders_on(&world, 3);
     tokio::time::sleep(Duration::from_secs(5)).await;
     let fault_at = Instant::now();

@@ -5,10 +5,6 @@
 //! until the command ends. The command must succeed, and every order it was
 //! moving must be in the current ladder afterwards: none lost (duplicates are
 //! allowed: a move is published and confirmed before the original is acked).
-//!
-//! Before, `ladder migrate` exited 1 with `channel.open: invalid connection
-//! state`, and `parked replay` with a lost connection, leaving the operator
-//! to find out what had moved.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -19,7 +15,7 @@ use lapin::BasicProperties;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use order_expiry::publisher::ExpiryMessage;
 use order_expiry::{OrderId, Settings};
-use order_expiry_testkit::{Child, Launch};
+use order_expiry_testkit::{Child, Launch, order_ids};
 use secrecy::SecretString;
 
 use crate::support::{ClusterWorld, NodesBack, kill, start, url_list};
@@ -84,13 +80,7 @@ async fn ids_in_ladder(world: &ClusterWorld) -> HashSet<String> {
     let mut ids = HashSet::new();
     for queue in queues {
         while let Some(got) = world.get(&queue).await {
-            let body: serde_json::Value =
-                serde_json::from_slice(&got.delivery.data).expect("a message");
-            let id = |v: &serde_json::Value| v["order_id"].as_str().map(str::to_owned);
-            match body["orders"].as_array() {
-                Some(orders) => ids.extend(orders.iter().filter_map(id)),
-                None => ids.extend(id(&body)),
-            }
+            ids.extend(order_ids(&got.delivery.data));
         }
     }
     ids

@@ -41,7 +41,9 @@ use chrono::{DateTime, TimeDelta, Utc};
 use order_expiry_testkit::cluster::{cut, heal, isolate, peers_of};
 use order_expiry_testkit::{Lateness, OrderRow, sum_metric};
 
-use crate::support::{ClusterWorld, Figures, Ledger, NodesBack, orders_on, rows};
+use crate::support::{
+    ClusterWorld, Ledger, NO_SWEEPER, NodesBack, busiest, orders_on, others, settle,
+};
 
 /// Orders due more than [`SETTLING`] after the fault began: cancelled within
 /// this of their due time (the goal).
@@ -55,9 +57,9 @@ const GOAL: Duration = Duration::from_secs(10);
 /// by design: 45,000 orders at 2,000 a second on the majority's `serve`, and
 /// at 4,000 once the other has left the cut-off node (15 s in), take 11-15 s
 /// after the first arrives (8-10 s in). Measured 17.4 s for an order due
-/// 10-15 s into the cut (19:00 UTC 2026-12-05), 9.3 s the same scenario with
-/// the rate unlimited (`consumer.catch_up_rate = 0`, the lever for a database
-/// that takes the herd); held to 25 s, within the 30 s ceiling of any partition bound.
+/// 10-15 s into the cut, 9.3 s with the rate unlimited
+/// (`consumer.catch_up_rate = 0`, the lever for a database that takes the
+/// herd); held to 25 s, within the 30 s ceiling of any partition bound.
 const SALE_GOAL: Duration = Duration::from_secs(25);
 
 /// How long after a cut the cluster takes to act on it: the nodes see each
@@ -179,12 +181,8 @@ async fn the_due_queues_leader_cut_off_serves_on_the_majority() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "long: a minute of flapping (scripts/test --long)"]
 async fn a_flapping_link_cut_5_s_healed_5_s_for_a_minute() {
-    let windows = (0..6)
-        .map(|i| {
-            let cut = Duration::from_secs(10 * i);
-            (cut, cut + Duration::from_secs(5))
-        })
-        .collect();
+    let at = Duration::from_secs;
+    let windows = (0..6).map(|i| (at(10 * i), at(10 * i + 5))).collect();
     run(Plan {
         windows,
         ..Plan::cut_off("flapping: cut 5 s, healed 5 s, for a minute")
@@ -223,29 +221,21 @@ async fn run(mut plan: Plan) {
     let world = ClusterWorld::new(plan.name, 6).await;
     let (ladder, due) = (world.leaders(".ladder.").await, world.leaders(".due").await);
     let target = match plan.target {
-        Target::BusiestLadder => (1..=3).max_by_key(|n| ladder[n - 1]),
-        Target::DueLeader => (1..=3).find(|n| due[n - 1] > 0),
-    }
-    .expect("a node leads");
+        Target::BusiestLadder => busiest(ladder),
+        Target::DueLeader => (1..=3).find(|n| due[n - 1] > 0).expect("a node leads"),
+    };
     if plan.lead_all {
         world.lead_all_on(target).await;
     }
     let ladder_before = world.leaders(".ladder.").await;
     let due_before = world.leaders(".due").await;
-    let (next, last) = (target % 3 + 1, (target + 1) % 3 + 1);
-    let env = [("ORDER_EXPIRY__SWEEPER__ENABLED", "false")];
+    let (next, last) = others(target);
     let serve_nodes = match plan.serves {
         Serves::CutAndMajority => [target, next],
         Serves::Majority => [next, last],
         Serves::CutOnly => [target, target],
     };
-    let mut serves = Vec::new();
-    for n in serve_nodes {
-        serves.push(world.serve(n, &env).await);
-    }
-    for served in &serves {
-        served.wait_ready(Duration::from_secs(30)).await;
-    }
+    let serves = world.serves_on(&serve_nodes, &NO_SWEEPER).await;
     let publisher = if plan.publish_on_target { target } else { next };
     let orders = orders_on(&world, publisher);
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -286,8 +276,9 @@ async fn run(mut plan: Plan) {
     }
     let (_, first_error) = ledger.errors();
 
-    let figures = settle(&world, &ledger, healed.1).await;
-    let rows = rows(&world).await;
+    // Every order settled, at most [`BOUND`] past the last due time.
+    let figures = settle(&world, &ledger, healed.1, BOUND + Duration::from_secs(5)).await;
+    let rows = world.rows().await;
     let settling = began_wall + TimeDelta::from_std(SETTLING).expect("small");
     let later = Lateness::of(&ledger, &rows, |o| o.due_at > settling);
     let first = Lateness::of(&ledger, &rows, |o| o.due_at <= settling);
@@ -484,7 +475,7 @@ async fn place_sale(world: &ClusterWorld, publisher: usize, count: usize) -> Opt
 /// real: each side sees the other down), at most until `limit`; says when
 /// each side did.
 async fn watch_split(target: usize, partial: bool, began: Instant, limit: Instant) -> String {
-    let (next, last) = (target % 3 + 1, (target + 1) % 3 + 1);
+    let (next, last) = others(target);
     // What the target and the next node each still see.
     let (target_sees, next_sees) = match partial {
         true => (vec![last], vec![last]),
@@ -525,12 +516,6 @@ async fn watch_joined(target: usize, healed: Instant) -> String {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     panic!("node {target} did not link to both others within 60 s of the heal")
-}
-
-/// Every unpaid, scheduled order due and settled, at most [`BOUND`] past the
-/// last due time; audited against `healed`.
-async fn settle(world: &ClusterWorld, ledger: &Ledger, healed: DateTime<Utc>) -> Figures {
-    crate::support::settle(world, ledger, healed, BOUND + Duration::from_secs(5)).await
 }
 
 async fn sleep_until(at: Instant) {

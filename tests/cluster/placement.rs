@@ -16,7 +16,7 @@ use order_expiry_testkit::{at_ms, message, vhost};
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{
-    Call, ClusterWorld, NodesBack, ctl_any, kill, node_number, nodes_named, queues, rows, start,
+    Call, ClusterWorld, NodesBack, ctl_any, kill, node_number, nodes_named, queues, start,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -65,14 +65,8 @@ async fn leaders_spread_and_every_queue_has_the_replicas() {
 
 /// How many of the test vhost's queues (every scenario's) each node leads.
 async fn all_leaders() -> [usize; 3] {
-    let listing = ctl_any(&[
-        "list_queues",
-        "-p",
-        &vhost(),
-        "--no-table-headers",
-        "leader",
-    ])
-    .await;
+    let vhost = vhost();
+    let listing = ctl_any(&["list_queues", "-p", &vhost, "--no-table-headers", "leader"]).await;
     let mut counts = [0; 3];
     for n in listing.lines().filter_map(|l| node_number(l.trim())) {
         counts[n - 1] += 1;
@@ -201,7 +195,7 @@ async fn a_publisher_whose_node_dies_fails_the_calls_in_flight_then_confirms_on_
     let deadline = Utc::now() + chrono::TimeDelta::seconds(30);
     let mut uncancelled;
     loop {
-        let rows = rows(&world).await;
+        let rows = world.rows().await;
         uncancelled = confirmed
             .iter()
             .filter(|id| rows[id.as_str()].status != "cancelled")

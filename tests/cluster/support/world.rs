@@ -20,6 +20,21 @@ pub fn url_list(first: usize) -> String {
     cluster::url_list(first, &vhost())
 }
 
+/// `serve` without the sweeper: every cancel is then a message the ladder
+/// delivered.
+pub const NO_SWEEPER: [(&str, &str); 1] = [("ORDER_EXPIRY__SWEEPER__ENABLED", "false")];
+
+/// The two nodes after `n` (1-3), in turn.
+pub fn others(n: usize) -> (usize, usize) {
+    (n % 3 + 1, (n + 1) % 3 + 1)
+}
+
+/// The node (1-3) with the most of `leaders` (per node, as
+/// [`ClusterWorld::leaders`] counts them).
+pub fn busiest(leaders: [usize; 3]) -> usize {
+    (1..=3).max_by_key(|n| leaders[n - 1]).expect("three nodes")
+}
+
 /// One scenario's world on the cluster; derefs to the shared world.
 pub struct ClusterWorld {
     world: order_expiry_testkit::World,
@@ -50,8 +65,8 @@ impl ClusterWorld {
             });
         world.settings.amqp.url = SecretString::from(url_list(1));
         world.settings.amqp.reconnect_max = Duration::from_millis(500);
-        // `..._MS=0` declares the queues as before issue 33 (the broker's
-        // 60 s), to see a scenario fail without the queue argument.
+        // `..._MS=0` declares the queues without the queue argument (the
+        // broker's 60 s), to see a scenario fail.
         if let Ok(ms) = std::env::var("ORDER_EXPIRY__TOPOLOGY__CONSUMER_DISCONNECTED_TIMEOUT_MS") {
             let ms = ms
                 .parse()
@@ -80,6 +95,18 @@ impl ClusterWorld {
         all.extend_from_slice(env);
         let label = format!("-node{first}");
         self.world.serve_labelled(&label, &all).await
+    }
+
+    /// A ready `serve` ([`ClusterWorld::serve`]) on each of `nodes`.
+    pub async fn serves_on(&self, nodes: &[usize], env: &[(&str, &str)]) -> Vec<Served> {
+        let mut serves = Vec::new();
+        for &n in nodes {
+            serves.push(self.serve(n, env).await);
+        }
+        for served in &serves {
+            served.wait_ready(Duration::from_secs(30)).await;
+        }
+        serves
     }
 
     /// A publisher on the URL list with node `first` first, each confirm
