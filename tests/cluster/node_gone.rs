@@ -95,10 +95,8 @@ pub(crate) async fn from_due(name: &'static str, fault: Gone, http: bool, bound:
         true => Some(Endpoint::order_service(Arc::clone(&world.store)).await),
         false => None,
     };
-    let base = endpoint
-        .as_ref()
-        .map(Endpoint::base_url)
-        .unwrap_or_default();
+    let base = endpoint.as_ref().map(Endpoint::base_url);
+    let base = base.unwrap_or_default();
     let mut env = NO_SWEEPER.to_vec();
     if http {
         env.extend([
@@ -118,12 +116,8 @@ pub(crate) async fn from_due(name: &'static str, fault: Gone, http: bool, bound:
     tokio::time::sleep(Duration::from_secs(20)).await;
     let ledger = orders.stop().await;
     let during = world.leaders(".ladder.").await;
-    let last_due = ledger
-        .orders
-        .iter()
-        .map(|o| o.due_at)
-        .max()
-        .unwrap_or(fault_wall);
+    let last_due = ledger.orders.iter().map(|o| o.due_at).max();
+    let last_due = last_due.unwrap_or(fault_wall);
     // Until every order is settled and the fault over, or the last order is
     // `bound` past due (or the fault is over by 20 s); the node comes back
     // (or not) meanwhile.

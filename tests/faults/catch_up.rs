@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
 
-use crate::support::{Fault, Outage, build, orders, ready, schedule_all};
+use crate::support::{Fault, Outage, build, orders, poll, ready, schedule_all};
 use order_expiry_testkit::{World, busiest_second};
 
 /// One run's size.
@@ -90,25 +90,23 @@ async fn run(size: Size) {
 
     // Everything is cancelled; the catch-up counter sampled meanwhile (less
     // often at full size: reading every row takes its time).
-    let poll = Duration::from_millis(if count > 10_000 { 2_000 } else { 250 });
-    let deadline = Instant::now() + size.after + Duration::from_secs(120);
+    let every_ms = if count > 10_000 { 2_000 } else { 250 };
     let mut samples: Vec<(Instant, f64)> = Vec::new();
-    let rows = loop {
-        samples.push((
-            Instant::now(),
-            served.metric("order_expiry_catch_up_total").await,
-        ));
+    let limit = size.after + Duration::from_secs(120);
+    let rows = poll(limit, every_ms, async || {
+        let at = Instant::now();
+        samples.push((at, served.metric("order_expiry_catch_up_total").await));
         let rows = world.rows().await;
         let unpaid = orders
             .iter()
             .filter(|(id, _)| rows.get(id).is_none_or(|r| r.status != "cancelled"))
             .count();
-        if unpaid == 0 {
-            break rows;
+        match unpaid {
+            0 => Ok(rows),
+            _ => Err(format!("{unpaid} orders never cancelled")),
         }
-        assert!(Instant::now() < deadline, "{unpaid} orders never cancelled");
-        tokio::time::sleep(poll).await;
-    };
+    })
+    .await;
     let caught_up = served.metric("order_expiry_catch_up_total").await as usize;
     // When the database answered again: its first cancel after the stop.
     // Not when restore() returned: it waits for the server's start script,

@@ -8,8 +8,8 @@
 use std::time::{Duration, Instant};
 
 use crate::support::{
-    Ledger, WAITING_CANCEL, World, at_ms, ids, json, kill_9, messages, order, orders, poll, ready,
-    settle, world,
+    CANCELLED, Ledger, NOT_UNPAID, WAITING_CANCEL, World, at_ms, ids, json, kill_9, messages,
+    order, orders, poll, ready, settle, world,
 };
 
 /// Orders early enough to be held unacked until due when the consumer dies.
@@ -124,12 +124,8 @@ async fn killed_holding(bundled: bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     let (mut cancelled, mut not_unpaid);
     loop {
-        cancelled = second
-            .metric("order_expiry_messages_total{outcome=\"cancelled\"}")
-            .await as usize;
-        not_unpaid = second
-            .metric("order_expiry_messages_total{outcome=\"not_unpaid\"}")
-            .await as usize;
+        cancelled = second.metric(CANCELLED).await as usize;
+        not_unpaid = second.metric(NOT_UNPAID).await as usize;
         if cancelled + not_unpaid >= HELD + IN_FLIGHT + LADDER || Instant::now() > deadline {
             break;
         }

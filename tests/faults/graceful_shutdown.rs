@@ -6,7 +6,8 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use crate::support::{
-    Ledger, WAITING_CANCEL, ids, messages, next_consumer_finishes, orders, poll, ready, world,
+    CANCELLED, Ledger, WAITING_CANCEL, ids, messages, next_consumer_finishes, orders, poll, ready,
+    world,
 };
 use chrono::Utc;
 
@@ -48,9 +49,7 @@ async fn sigterm_under_load_exits_zero_and_hands_back_what_it_did_not_finish() {
     let shutdown = async {
         let started = Instant::now();
         poll(Duration::from_secs(20), 10, async || {
-            let done = first
-                .metric("order_expiry_messages_total{outcome=\"cancelled\"}")
-                .await;
+            let done = first.metric(CANCELLED).await;
             (done >= 500.0)
                 .then_some(())
                 .ok_or("consumer never got going")

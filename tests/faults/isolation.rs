@@ -130,12 +130,7 @@ async fn a_silent_database_for_a_minute_loses_nothing_and_does_not_spin() {
     proxy.restore();
     let back_at = Instant::now();
     let ready_at = watch.wait_for(200, back_at, Duration::from_secs(30)).await;
-    assert_not_ready(
-        &watch,
-        not_ready_at,
-        before_restore,
-        "the database (silent)",
-    );
+    assert_not_ready(&watch, not_ready_at, before_restore, "the silent database");
     let figures = settle(&world, &ledger, Duration::from_secs(30)).await;
     let settled = back_at.elapsed();
     figures.assert_invariants();

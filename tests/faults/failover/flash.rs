@@ -10,6 +10,8 @@ use super::run::Scenario;
 use crate::support::{Ledger, ids, orders};
 
 const ORDERS: usize = 10_000;
+/// `serve`'s count of due messages (each a bundle of orders).
+const PER_MESSAGE: &str = "order_expiry_orders_per_message_count";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "long: scripts/test --long"]
@@ -27,19 +29,12 @@ async fn primary_killed_mid_flash_sale_every_order_cancelled_within_ten_seconds(
     for (i, ((id, due), result)) in orders.iter().zip(&results).enumerate() {
         ledger.add(id, *due, result.is_ok(), i % 10 == 0);
     }
-    let bundles = s
-        .served
-        .metric("order_expiry_orders_per_message_count")
-        .await;
+    let bundles = s.served.metric(PER_MESSAGE).await;
 
     let timeline = s.kill_and_promote(Duration::from_secs(14)).await;
 
     let end = s.settle(&timeline, &ledger, Duration::from_secs(120)).await;
-    let messages = s
-        .served
-        .metric("order_expiry_orders_per_message_count")
-        .await
-        - bundles;
+    let messages = s.served.metric(PER_MESSAGE).await - bundles;
     end.print(
         "failover: primary killed -9 mid flash sale, standby promoted 2 s later (synchronous)",
         &format!("due messages {messages} for {ORDERS} orders"),

@@ -18,7 +18,7 @@ use order_expiry_testkit::pg_pair::{self, Replication};
 
 use super::run::{Paid, Scenario, pay_for_sure, until};
 use super::timeline::Timeline;
-use crate::support::{Ledger, Placed, World};
+use crate::support::{CANCELLED, Ledger, Placed, World};
 
 /// What the lag and the kill did.
 struct Lagged {
@@ -48,8 +48,8 @@ async fn lag_then_kill(name: &'static str, mode: Replication) -> Lagged {
     let payments = tokio::spawn(async move {
         let mut paid = Vec::new();
         for id in to_pay {
-            let until = Utc::now() + TimeDelta::seconds(40);
-            if pay_for_sure(&store, &url, &id, until).await == Paid::Yes {
+            let deadline = Utc::now() + TimeDelta::seconds(40);
+            if pay_for_sure(&store, &url, &id, deadline).await == Paid::Yes {
                 paid.push((id, Utc::now() < window_ends));
             }
         }
@@ -116,40 +116,29 @@ async fn asynchronous_replication_loses_the_cancels_of_the_lag_and_only_the_swee
     )
     .await;
     // Every order due, and time for what the ladder still holds.
-    let last_due = ledger
-        .orders
-        .iter()
-        .map(|o| o.due_at)
-        .max()
-        .expect("orders");
+    let last_due = ledger.orders.iter().map(|o| o.due_at).max();
+    let last_due = last_due.expect("orders");
     let wait = (last_due - Utc::now()).to_std().unwrap_or_default() + Duration::from_secs(10);
     tokio::time::sleep(wait).await;
     let rows = s.world.rows().await;
     let lost: Vec<&Placed> = unpaid(&ledger)
         .filter(|o| rows[&o.id].status == "unpaid")
         .collect();
-    let paid_lost = paid_in_window
-        .iter()
-        .filter(|id| rows[*id].status != "paid")
-        .count();
-    let paid_then_cancelled = paid_in_window
-        .iter()
-        .filter(|id| rows[*id].status == "cancelled")
-        .count();
+    let paid_with = |pick: fn(&str) -> bool| {
+        let statuses = paid_in_window.iter().map(|id| rows[id].status.as_str());
+        statuses.filter(|s| pick(s)).count()
+    };
+    let paid_lost = paid_with(|s| s != "paid");
+    let paid_then_cancelled = paid_with(|s| s == "cancelled");
     let cancelled = rows.values().filter(|r| r.status == "cancelled").count();
-    let served_cancels = s
-        .served
-        .metric("order_expiry_messages_total{outcome=\"cancelled\"}")
-        .await;
+    let served_cancels = s.served.metric(CANCELLED).await;
     let recovery = s.recovery(&timeline, &ledger).await;
 
     // The repair: a serve with the sweeper on (its defaults: grace 3 s, every 1 s).
     let swept_from = Instant::now();
     let after_last_due = (Utc::now() - last_due).num_milliseconds() as f64 / 1e3;
-    let sweeper = s
-        .world
-        .serve(&[("ORDER_EXPIRY__SWEEPER__ENABLED", "true")])
-        .await;
+    let sweep = [("ORDER_EXPIRY__SWEEPER__ENABLED", "true")];
+    let sweeper = s.world.serve(&sweep).await;
     let repaired = repaired_within(&s.world, &lost, swept_from, Duration::from_secs(60)).await;
     let swept = sweeper.metric("order_expiry_swept_total").await;
     eprintln!(

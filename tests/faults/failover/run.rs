@@ -12,7 +12,7 @@ use secrecy::ExposeSecret;
 use tokio::task::JoinHandle;
 
 use super::timeline::{Recovery, Timeline};
-use crate::support::{Figures, Ledger, World, at_ms, order, settle, world_on_database};
+use crate::support::{CANCELLED, Figures, Ledger, World, at_ms, order, settle, world_on_database};
 
 /// A scenario: the pair up as `mode` says, a world on it, `serve` with both
 /// hosts in its URL (the sweeper off, as every world's), `/readyz` watched
@@ -148,10 +148,7 @@ impl Scenario {
     /// `timeline` shows of the recovery and `serve`'s cancels.
     pub async fn settle(&self, timeline: &Timeline, ledger: &Ledger, limit: Duration) -> Ended {
         let figures = settle(&self.world, ledger, limit).await;
-        let served_cancels = self
-            .served
-            .metric("order_expiry_messages_total{outcome=\"cancelled\"}")
-            .await;
+        let served_cancels = self.served.metric(CANCELLED).await;
         Ended {
             figures,
             recovery: self.recovery(timeline, ledger).await,

@@ -29,6 +29,11 @@ pub async fn build(name: &str, builder: WorldBuilder) -> World {
     world.expect("a test world")
 }
 
+/// `serve`'s count of the messages whose orders it cancelled.
+pub const CANCELLED: &str = "order_expiry_messages_total{outcome=\"cancelled\"}";
+/// `serve`'s count of the messages whose orders were no longer unpaid.
+pub const NOT_UNPAID: &str = "order_expiry_messages_total{outcome=\"not_unpaid\"}";
+
 /// Settings of a `serve` whose cancel statement waits for row locks instead of
 /// skipping them (the default skips): for the tests that need a cancel stuck in
 /// the database. `lock_timeout_ms` 4.5 s keeps it waiting until the statement
