@@ -269,14 +269,17 @@ impl Drop for Child {
 }
 
 /// `order-expiry ARGS` with `settings` ([`settings_env`]) and `extra`
-/// variables: its output once it ended, within 5 minutes.
+/// variables (`RUST_LOG` unset): its output once it ended, within 5 minutes.
 pub async fn run_cli(
     settings: &Settings,
     args: &[&str],
     extra: &[(&str, &str)],
 ) -> std::process::Output {
     let mut command = Command::new(crate::served::binary());
-    command.args(args).envs(settings_env(settings));
+    command
+        .args(args)
+        .env_remove("RUST_LOG")
+        .envs(settings_env(settings));
     command.envs(extra.iter().copied());
     tokio::time::timeout(Duration::from_secs(300), command.output())
         .await

@@ -22,6 +22,8 @@
 //!   every request.
 //! - [`ledger`]: [`Ledger`] / [`Figures`]: what a scenario's order service
 //!   placed, audited from the orders table against the invariants.
+//! - [`steps`]: what tests repeat: orders placed ([`World::place`]), waited
+//!   on until cancelled, `serve` ready, the parked queue read.
 //! - [`subscriber`]: [`Subscriber`]: an event-driven order service for the
 //!   event action, cancelling on `order.expired`.
 //! - [`wait`]: [`eventually`]: poll a condition instead of sleeping.
@@ -45,6 +47,7 @@ pub mod procfs;
 pub mod proxy;
 pub mod served;
 pub mod services;
+pub mod steps;
 pub mod subscriber;
 pub mod tls_front;
 pub mod wait;
@@ -61,6 +64,9 @@ pub use self::served::{ReadyWatch, Served, http_get, metric_value, sum_metric};
 pub use self::services::{
     MovableClock, amqp_port, amqp_url, amqp_url_on, at_ms, blue_amqp_port, connect_database,
     database, database_url, free_port, rabbitmqctl, skewed_clock, vhost, with_search_path,
+};
+pub use self::steps::{
+    HasOrderId, Parked, assert_on_time, count, json, orders, schedule_all, table,
 };
 pub use self::subscriber::{Received, Subscriber};
 pub use self::tls_front::TlsFront;
