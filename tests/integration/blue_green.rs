@@ -9,14 +9,15 @@
 //! up to it), the parked messages in green's parked queue with their reasons,
 //! and every order due during the move cancelled within [`LATE_BOUND`].
 
-use std::time::{Duration, Instant};
+use std::collections::HashMap;
+use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use lapin::BasicProperties;
 use order_expiry::Settings;
 use order_expiry_testkit::{
-    OrderRow, Served, World, amqp_port, amqp_url, blue_amqp_port, number_after, number_before,
-    run_cli,
+    OrderRow, Served, World, amqp_port, amqp_url, blue_amqp_port, eventually, number_after,
+    number_before, orders, run_cli, schedule_all,
 };
 use rand::Rng;
 
@@ -38,23 +39,15 @@ async fn migrate(settings: &Settings, args: &[&str]) -> (bool, String) {
 }
 
 /// How late `order` was cancelled: after its deadline, or after `scheduled`
-/// (the end of scheduling) if it was due by then. On a busy machine the test
-/// schedules 5,000 orders in up to 7 s and the first fall due 2 s in, so an
-/// order scheduled past its deadline is late by what scheduling took, which
-/// the move has no part in (scripts/test of 2026-12-02: 171 such orders, up
-/// to 5.5 s, all cancelled by blue before green started).
+/// (the end of scheduling) if it was due by then. Scheduling 5,000 orders
+/// takes seconds on a busy machine and the first fall due 2 s in: an order
+/// scheduled past its deadline is late by what scheduling took, which the
+/// move has no part in.
 fn lateness(order: &OrderRow, scheduled: DateTime<Utc>) -> Duration {
     let from = order.pay_deadline.max(scheduled);
     (order.cancelled_at.unwrap_or(from) - from)
         .to_std()
         .unwrap_or_default()
-}
-
-/// SIGTERM; it must exit 0 (it drains: what it holds goes back unacked).
-async fn stop(mut served: Served) {
-    served.signal("-TERM");
-    let status = served.wait_exit(Duration::from_secs(30)).await;
-    assert!(status.is_some_and(|s| s.success()), "{status:?}");
 }
 
 /// The sum of `cancelled` outcomes of `served`, once it stopped changing.
@@ -82,20 +75,14 @@ async fn a_blue_green_broker_move_loses_nothing_and_cancels_each_order_once() {
         return;
     }
     // Blue: its own prefix and the schema both serves share (one database).
-    let blue = World::builder()
-        .kind("bg")
-        .amqp_port(blue_port)
-        .build()
+    let blue = World::builder().kind("bg").amqp_port(blue_port).build();
+    let blue = blue
         .await
         .expect("a world on the blue broker (its test vhost made?)");
     // Green: the same prefix, levels and database on the test's broker;
     // green's world only removes that topology at cleanup.
-    let mut green = World::builder()
-        .kind("bg")
-        .declare(false)
-        .build()
-        .await
-        .expect("a world on the green broker");
+    let green = World::builder().kind("bg").declare(false).build();
+    let mut green = green.await.expect("a world on the green broker");
     green.settings = blue.settings.clone();
     green.settings.amqp.url = amqp_url().into();
     let settings = green.settings.clone();
@@ -105,71 +92,47 @@ async fn a_blue_green_broker_move_loses_nothing_and_cancels_each_order_once() {
     // fall due during it): every 10th paid, every 10th (another) extended.
     let now = Utc::now();
     let mut rng = rand::rng();
-    let orders: Vec<(String, DateTime<Utc>)> = (0..ORDERS)
-        .map(|i| {
-            let due = now + TimeDelta::milliseconds(rng.random_range(2_000..60_000));
-            (format!("bg-{i:05}"), due)
-        })
-        .collect();
+    let orders = orders("bg", ORDERS, |_| {
+        now + TimeDelta::milliseconds(rng.random_range(2_000..60_000))
+    });
     blue.create_orders(&orders).await;
     for i in 0..POISON {
         let body = format!("{{\"v\": 1, \"order_id\": \"poison-{i}\"}}");
         blue.publish_due(body.as_bytes(), BasicProperties::default())
             .await;
     }
-    let blue_serve = blue.serve(&[]).await;
-    blue_serve.wait_ready(Duration::from_secs(30)).await;
+    let blue_serve = blue.serve_ready(&[]).await;
     // Most orders one message each, the rest in bundles: both move.
-    let single = blue.scheduler().with_bundle_max_orders(1);
     let (alone, bundled) = orders.split_at(ORDERS * 4 / 5);
-    for r in single.schedule_many(alone.to_vec()).await {
-        r.expect("scheduled on blue");
-    }
-    single.close().await;
-    let scheduler = blue.scheduler();
-    for r in scheduler.schedule_many(bundled.to_vec()).await {
-        r.expect("scheduled on blue");
-    }
-    scheduler.close().await;
+    schedule_all(blue.scheduler().with_bundle_max_orders(1), alone).await;
+    schedule_all(blue.scheduler(), bundled).await;
     let scheduled = Utc::now();
-    let client = blue.store.client().await.unwrap();
-    let paid = client
+    let paid = blue
         .execute(
             "UPDATE orders SET status = 'paid', paid_at = now() \
              WHERE right(id, 1) = '3' AND status = 'unpaid'",
-            &[],
         )
-        .await
-        .unwrap();
-    let extended = client
+        .await;
+    let extended = blue
         .execute(
             "UPDATE orders SET pay_deadline = pay_deadline + interval '1 hour' \
              WHERE right(id, 1) = '7' AND status = 'unpaid'",
-            &[],
         )
-        .await
-        .unwrap();
+        .await;
 
-    let green_serve = green.serve(&[]).await;
-    green_serve.wait_ready(Duration::from_secs(30)).await;
-    let blue_url = blue.settings.amqp.url.clone();
-    let blue_url = secrecy::ExposeSecret::expose_secret(&blue_url).to_owned();
+    let green_serve = green.serve_ready(&[]).await;
+    let blue_url = secrecy::ExposeSecret::expose_secret(&blue.settings.amqp.url).to_owned();
     // The same prefix on the same broker is refused (asked of the brokers).
-    let green_url = amqp_url();
-    let (ok, out) = migrate(&green.settings, &["--from-url", &green_url]).await;
+    let (ok, out) = migrate(&green.settings, &["--from-url", &amqp_url()]).await;
     assert!(
         !ok && out.contains("the old ladder is the current one"),
         "{out}"
     );
 
-    let dry = migrate(&green.settings, &["--from-url", &blue_url, "--dry-run"]).await;
-    assert!(
-        dry.0 && dry.1.contains("dry run: nothing moved"),
-        "{}",
-        dry.1
-    );
-    assert!(dry.1.contains("on amqp://guest:***@"), "{}", dry.1);
-    let found = number_before(&dry.1, " messages");
+    let (ok, dry) = migrate(&green.settings, &["--from-url", &blue_url, "--dry-run"]).await;
+    assert!(ok && dry.contains("dry run: nothing moved"), "{dry}");
+    assert!(dry.contains("on amqp://guest:***@"), "{dry}");
+    let found = number_before(&dry, " messages");
     let started = Utc::now();
     let (ok, out) = migrate(&green.settings, &["--from-url", &blue_url]).await;
     let ended = Utc::now();
@@ -184,7 +147,7 @@ async fn a_blue_green_broker_move_loses_nothing_and_cancels_each_order_once() {
     // Blue's serve finishes what it holds (due within a second), then stops.
     let blue_cancels = settled_cancels(&blue_serve).await;
     blue_serve.assert_nothing_swept().await;
-    stop(blue_serve).await;
+    blue_serve.terminate().await;
     // Blue drained (what its serve released) and retired.
     let (ok, out) = migrate(&green.settings, &["--from-url", &blue_url, "--delete-old"]).await;
     assert!(ok && out.contains("deleted"), "{out}");
@@ -195,15 +158,16 @@ async fn a_blue_green_broker_move_loses_nothing_and_cancels_each_order_once() {
     }
 
     let unpaid = (ORDERS as u64 - paid - extended) as usize;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let rows = loop {
-        let rows = blue.orders().await.expect("orders");
-        let cancelled = rows.values().filter(|o| o.status == "cancelled").count();
-        if cancelled >= unpaid || Instant::now() > deadline {
-            break rows;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let mut rows = HashMap::new();
+    eventually(
+        Duration::from_secs(120),
+        "unpaid orders cancelled",
+        async || {
+            rows = blue.orders().await.expect("orders");
+            rows.values().filter(|o| o.status == "cancelled").count() >= unpaid
+        },
+    )
+    .await;
     let green_cancels = settled_cancels(&green_serve).await;
     green_serve.assert_nothing_swept().await;
     let cancelled: Vec<_> = rows.values().filter(|o| o.status == "cancelled").collect();
@@ -218,37 +182,35 @@ async fn a_blue_green_broker_move_loses_nothing_and_cancels_each_order_once() {
         .filter(|o| o.status == "cancelled")
         .count();
     let overdue = orders.iter().filter(|(_, due)| *due < scheduled).count();
-    let max_late = cancelled
-        .iter()
-        .map(|o| lateness(o, scheduled))
-        .max()
-        .unwrap_or_default();
+    let late = |o: &&OrderRow| lateness(o, scheduled);
+    let max_late = cancelled.iter().map(late).max().unwrap_or_default();
     let during: Vec<&OrderRow> = cancelled
         .iter()
         .copied()
         .filter(|o| o.pay_deadline >= started && o.pay_deadline <= ended)
         .collect();
-    let max_late_during = during
-        .iter()
-        .map(|o| lateness(o, scheduled))
-        .max()
-        .unwrap_or_default();
+    let max_late_during = during.iter().map(late).max().unwrap_or_default();
 
     // Green's parked queue holds blue's poison, each with its reason.
-    let parked_queue = parked_with_reason(&green).await;
+    let parked = green.parked().await;
+    for p in &parked {
+        let body = String::from_utf8_lossy(&p.body);
+        assert!(body.contains("poison-"), "{body}");
+    }
     eprintln!(
         "FIGURES blue-green move (blue :{blue_port} -> green :{}): {ORDERS} orders ({unpaid} unpaid, {paid} paid, {extended} extended) \
          scheduled in {:.1} s ({overdue} due by then), \
          {found} messages found, {moved} moved at {rate} messages/s in {:.1} s, {} due during the move; \
          lost {lost}, early {early}, wrongly cancelled {wrongly}, cancels blue {blue_cancels} + green {green_cancels}, \
-         max lateness {} ms (during the move {} ms, bound {} ms), parked moved {parked_queue}",
+         max lateness {} ms (during the move {} ms, bound {} ms), parked moved {}",
         amqp_port(),
         (scheduled - now).num_milliseconds() as f64 / 1000.0,
         (ended - started).num_milliseconds() as f64 / 1000.0,
         during.len(),
         max_late.as_millis(),
         max_late_during.as_millis(),
-        LATE_BOUND.as_millis()
+        LATE_BOUND.as_millis(),
+        parked.len()
     );
     assert_eq!(lost, 0, "unpaid orders never cancelled");
     assert_eq!(early, 0, "orders cancelled before their deadline");
@@ -259,38 +221,15 @@ async fn a_blue_green_broker_move_loses_nothing_and_cancels_each_order_once() {
         "each unpaid order cancelled exactly once"
     );
     assert_eq!(
-        parked_queue, POISON,
+        parked.len(),
+        POISON,
         "blue's parked messages in green's parked queue"
     );
     assert!(!during.is_empty(), "no order fell due during the move");
     assert!(max_late <= LATE_BOUND, "{max_late:?} late");
     assert!(max_late_during <= LATE_BOUND, "{max_late_during:?} late");
 
-    stop(green_serve).await;
+    green_serve.terminate().await;
     blue.cleanup().await;
     green.cleanup().await;
-}
-
-/// Takes every message of green's parked queue; how many carry an
-/// `x-parked-reason` that names blue's poison.
-async fn parked_with_reason(green: &World) -> usize {
-    let queue = green.ladder().parked_queue();
-    let mut with_reason = 0;
-    while let Some(got) = green.get(&queue).await {
-        let headers = got
-            .delivery
-            .properties
-            .headers()
-            .clone()
-            .unwrap_or_default();
-        let reason = headers
-            .inner()
-            .get("x-parked-reason")
-            .map(|r| format!("{r:?}"));
-        assert!(reason.is_some(), "a parked message without its reason");
-        let body = String::from_utf8_lossy(&got.delivery.data).into_owned();
-        assert!(body.contains("poison-"), "{body}");
-        with_reason += 1;
-    }
-    with_reason
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use lapin::BasicProperties;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldArray, FieldTable};
-use order_expiry_testkit::{World, broker_version, rabbitmqctl, vhost};
+use order_expiry_testkit::{World, broker_version, rabbitmqctl, table, vhost};
 use serde_json::Value;
 
 /// A message that enters the ladder carrying a stale `x-death` (one that
@@ -28,16 +28,14 @@ async fn a_stale_x_death_is_a_cycle_on_3_10_and_replaced_on_4_x() {
     let ladder = env.ladder();
     let route = ladder.route(3).unwrap();
     let text = |s: &str| AMQPValue::LongString(s.into());
-    let mut death = FieldTable::default();
-    death.insert("queue".into(), text(&ladder.level_name(0)));
-    death.insert("reason".into(), text("expired"));
-    death.insert("count".into(), AMQPValue::LongLongInt(1));
-    death.insert("exchange".into(), text(&ladder.level_name(0)));
-    let mut stale = FieldTable::default();
-    stale.insert(
-        "x-death".into(),
-        AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::FieldTable(death)])),
-    );
+    let death = table([
+        ("queue", text(&ladder.level_name(0))),
+        ("reason", text("expired")),
+        ("count", AMQPValue::LongLongInt(1)),
+        ("exchange", text(&ladder.level_name(0))),
+    ]);
+    let history = FieldArray::from(vec![AMQPValue::FieldTable(death)]);
+    let stale = table([("x-death", AMQPValue::FieldArray(history))]);
     let channel = env.open_channel().await;
     channel
         .confirm_select(ConfirmSelectOptions::default())
@@ -197,29 +195,21 @@ async fn the_leader_locator_is_kept_and_a_changed_one_refused_on_both() {
     }
 
     let channel = env.open_channel().await;
-    let mut arguments = FieldTable::default();
-    arguments.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
-    arguments.insert(
-        "x-quorum-initial-group-size".into(),
-        AMQPValue::LongLongInt(3),
-    );
-    // As declared (4.3 compares it too, and may report it first), so that
-    // the leader locator is the one difference.
-    arguments.insert(
-        "x-consumer-disconnected-timeout".into(),
-        AMQPValue::LongLongInt(1000),
-    );
-    arguments.insert(
-        "x-queue-leader-locator".into(),
-        AMQPValue::LongString("client-local".into()),
-    );
-    let durable = QueueDeclareOptions {
-        durable: true,
-        ..Default::default()
-    };
+    // As declared (4.3 compares `x-consumer-disconnected-timeout` too, and
+    // may report it first), so that the leader locator is the one difference.
+    let arguments = table([
+        ("x-queue-type", AMQPValue::LongString("quorum".into())),
+        ("x-quorum-initial-group-size", AMQPValue::LongLongInt(3)),
+        (
+            "x-consumer-disconnected-timeout",
+            AMQPValue::LongLongInt(1000),
+        ),
+        (
+            "x-queue-leader-locator",
+            AMQPValue::LongString("client-local".into()),
+        ),
+    ]);
+    let durable = QueueDeclareOptions::durable();
     let refused = channel
         // The parked queue: the due queue carries the catch-up arguments too.
         .queue_declare(

@@ -3,37 +3,14 @@
 //! the due queue, the bundle is acked once every order in it is settled, and
 //! the publisher's group commit carries a flash sale in bundles, on time.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, TimeDelta, Utc};
-use lapin::BasicProperties;
-use lapin::types::AMQPValue;
-use order_expiry::{Scheduler, service::Outcome};
-use order_expiry_testkit::{World, at_ms, bundle, message};
-
-fn json() -> BasicProperties {
-    BasicProperties::default()
-        .with_content_type("application/json".into())
-        .with_delivery_mode(2)
-}
-
-/// Polls until every order of `ids` is cancelled; panics after `timeout`.
-async fn wait_cancelled(env: &World, ids: &[&str], timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let rows = env.orders().await.expect("orders");
-        let left: Vec<&&str> = ids
-            .iter()
-            .filter(|id| rows.get(**id).is_none_or(|r| r.status != "cancelled"))
-            .collect();
-        if left.is_empty() {
-            return;
-        }
-        assert!(Instant::now() < deadline, "not cancelled in time: {left:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+use chrono::{TimeDelta, Utc};
+use order_expiry::service::Outcome;
+use order_expiry_testkit::{
+    World, assert_on_time, at_ms, bundle, count, json, message, orders, schedule_all,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_order_of_a_bundle_is_settled_on_its_own_beside_v1_messages() {
@@ -41,9 +18,8 @@ async fn each_order_of_a_bundle_is_settled_on_its_own_beside_v1_messages() {
     let mut settings = env.settings.clone();
     // An order not found is looked for once more, 500 ms later, then unknown.
     settings.consumer.unknown_rechecks = vec![Duration::from_millis(500)];
-    let due = at_ms(-10);
-    let held_due = at_ms(1_500);
-    let rows: Vec<(String, DateTime<Utc>)> = [
+    let (due, held_due) = (at_ms(-10), at_ms(1_500));
+    let rows = [
         ("b-unpaid-0", due),
         ("b-unpaid-1", due),
         ("b-paid", due),
@@ -52,24 +28,16 @@ async fn each_order_of_a_bundle_is_settled_on_its_own_beside_v1_messages() {
         ("b-held", held_due),
         ("v1-unpaid", due),
     ]
-    .into_iter()
-    .map(|(id, at)| (id.to_owned(), at))
-    .collect();
+    .map(|(id, at)| (id.to_owned(), at));
     env.create_orders(&rows).await;
-    let client = env.store.client().await.expect("client");
-    client
-        .execute("UPDATE orders SET status = 'paid' WHERE id = 'b-paid'", &[])
-        .await
-        .expect("pay");
+    env.execute("UPDATE orders SET status = 'paid' WHERE id = 'b-paid'")
+        .await;
     // Hold b-locked's row: its cancel skips it and retries it alone.
-    let mut locker = env.store.client().await.expect("client");
-    let lock = locker.transaction().await.expect("begin");
-    lock.execute("SELECT 1 FROM orders WHERE id = 'b-locked' FOR UPDATE", &[])
-        .await
-        .expect("lock");
+    let lock = env.lock_rows(&["b-locked"]).await;
 
-    let at = |id: &str| rows.iter().find(|(i, _)| i == id).map(|(_, at)| *at);
-    let messages: Vec<_> = [
+    // The extended order's message carries its old deadline; b-unknown has
+    // no row.
+    let messages = [
         "b-unpaid-0",
         "b-paid",
         "b-extended",
@@ -78,16 +46,7 @@ async fn each_order_of_a_bundle_is_settled_on_its_own_beside_v1_messages() {
         "b-held",
         "b-unpaid-1",
     ]
-    .iter()
-    // The extended order's message carries its old deadline.
-    .map(|id| {
-        let due_at = match *id {
-            "b-extended" | "b-unknown" => due,
-            other => at(other).expect("a row"),
-        };
-        message(id, due_at)
-    })
-    .collect();
+    .map(|id| message(id, if id == "b-held" { held_due } else { due }));
     let mut body: serde_json::Value = serde_json::from_slice(&bundle(&messages)).unwrap();
     let orders = body["orders"].as_array_mut().unwrap();
     // An entry that breaks the v1 rules, at index 4: parked alone.
@@ -104,26 +63,20 @@ async fn each_order_of_a_bundle_is_settled_on_its_own_beside_v1_messages() {
     // The bundle's other orders and the v1 message are cancelled while the
     // locked one waits: one locked order holds no one else's cancel.
     let on_time = ["b-unpaid-0", "b-unpaid-1", "v1-unpaid", "b-held"];
-    wait_cancelled(&env, &on_time, Duration::from_secs(15)).await;
+    env.wait_cancelled(&on_time, Duration::from_secs(15)).await;
     let (status, _, _) = env.order("b-locked").await;
     assert_eq!(status, "unpaid", "the locked row was not touched");
     // Nor its ack: once its last order (b-held) is due, the bundle is acked
     // after one pass. The locked order and the unknown one's second look
     // left it as a message of their own, the bad entry as its one parked
     // copy; the observer hears of its orders at its ack.
-    let bundle_acked = |h: &[order_expiry::service::Handled]| {
-        h.iter().any(|h| h.outcome == Outcome::RetryRequeued)
-            && h.iter()
-                .filter(|h| h.outcome != Outcome::RetryRequeued)
-                .count()
-                >= 9
+    let bundle_acked = |h: &[_]| {
+        let retried = count(h, Outcome::RetryRequeued);
+        retried >= 1 && h.len() - retried >= 9
     };
     let mut handled = consumer
         .next_until(Duration::from_secs(10), bundle_acked)
         .await;
-    let count = |h: &[order_expiry::service::Handled], outcome| {
-        h.iter().filter(|h| h.outcome == outcome).count()
-    };
     assert_eq!(count(&handled, Outcome::Cancelled), 4, "{handled:?}");
     assert_eq!(count(&handled, Outcome::UnknownRequeued), 1, "{handled:?}");
     assert_eq!(
@@ -141,8 +94,9 @@ async fn each_order_of_a_bundle_is_settled_on_its_own_beside_v1_messages() {
     let after = (acked_at - held_due).num_milliseconds();
     eprintln!("FIGURES bundle with a locked order acked {after} ms after its last order was due");
     assert!(after < 5_000, "the locked order held its bundle {after} ms");
-    lock.commit().await.expect("release");
-    wait_cancelled(&env, &["b-locked"], Duration::from_secs(15)).await;
+    lock.release().await;
+    env.wait_cancelled(&["b-locked"], Duration::from_secs(15))
+        .await;
     // Then the locked order's cancel, and the unknown one's last look (if
     // it did not come yet).
     let unknown_seen = count(&handled, Outcome::Unknown);
@@ -179,16 +133,13 @@ async fn each_order_of_a_bundle_is_settled_on_its_own_beside_v1_messages() {
         assert!(cancelled_at.unwrap() >= due_at, "{id} cancelled early");
     }
 
-    let parked = env.get(&env.ladder().parked_queue()).await.expect("parked");
+    let parked = env.parked().await;
+    assert_eq!(parked.len(), 1, "{parked:?}");
     assert_eq!(
-        parked.delivery.data,
+        parked[0].body,
         br#"{"orders":[{"due_at":"2026-01-01T00:00:00Z","order_id":""}],"v":2}"#
     );
-    let headers = parked.delivery.properties.headers().clone().unwrap();
-    let Some(AMQPValue::LongString(reason)) = headers.inner().get("x-parked-reason") else {
-        panic!("a reason")
-    };
-    let reason = reason.to_string();
+    let reason = &parked[0].reason;
     assert!(reason.starts_with("order 4 of the bundle"), "{reason}");
     assert!(reason.contains("invalid order_id"), "{reason}");
 
@@ -205,67 +156,30 @@ async fn each_order_of_a_bundle_is_settled_on_its_own_beside_v1_messages() {
 /// than due and within a bound a busy 2-core laptop holds (the tight goal is
 /// `order-expiry-bench flash`'s).
 const ORDERS: usize = 20_000;
-const LATE_BOUND: TimeDelta = TimeDelta::seconds(10);
+const LATE_BOUND: Duration = Duration::from_secs(10);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flash_sale_leaves_in_bundles_and_is_cancelled_on_time() {
     let env = World::new().await;
-    let start = 10_000;
-    let orders: Vec<(String, DateTime<Utc>)> = (0..ORDERS)
-        .map(|i| {
-            (
-                format!("fs-{i}"),
-                at_ms(start + (i * 4_000 / ORDERS) as i64),
-            )
-        })
-        .collect();
+    let orders = orders("fs", ORDERS, |i| {
+        at_ms(10_000 + (i * 4_000 / ORDERS) as i64)
+    });
     env.create_orders(&orders).await;
     let consumer = env.start_consumer();
-    let scheduler = Scheduler::from_settings(&env.settings).unwrap();
     let began = Instant::now();
-    let results = scheduler.schedule_many(orders.clone()).await;
+    let messages = schedule_all(env.scheduler(), &orders).await;
     let took = began.elapsed();
-    let mut message_ids = HashSet::new();
-    for result in results {
-        let scheduled = result.expect("every schedule confirmed");
-        message_ids.insert(scheduled.message_id);
-    }
     eprintln!(
-        "scheduled {ORDERS} in {took:?} ({:.0}/s) in {} messages",
+        "scheduled {ORDERS} in {took:?} ({:.0}/s) in {messages} messages",
         ORDERS as f64 / took.as_secs_f64(),
-        message_ids.len()
     );
     assert!(
-        message_ids.len() <= ORDERS / 20,
-        "{} messages for {ORDERS} orders: group commit did not bundle",
-        message_ids.len()
+        messages <= ORDERS / 20,
+        "{messages} messages for {ORDERS} orders: group commit did not bundle"
     );
-
-    let ids: Vec<&str> = orders.iter().map(|(id, _)| id.as_str()).collect();
-    let last_due = Duration::from_millis((start + 4_000) as u64);
-    wait_cancelled(&env, &ids, last_due + Duration::from_secs(30)).await;
-    let rows = env.orders().await.expect("orders");
-    let mut late_ms: Vec<i64> = Vec::with_capacity(ORDERS);
-    for (id, due_at) in &orders {
-        let row = &rows[id.as_str()];
-        let late = row.cancelled_at.expect("cancelled_at") - *due_at;
-        assert!(late >= TimeDelta::zero(), "{id} cancelled {late} early");
-        late_ms.push(late.num_milliseconds());
-    }
-    late_ms.sort_unstable();
-    let pct = |p: f64| late_ms[((late_ms.len() - 1) as f64 * p) as usize];
-    eprintln!(
-        "FIGURES flash sale {ORDERS}: lateness p50 {} ms, p99 {} ms, max {} ms",
-        pct(0.5),
-        pct(0.99),
-        pct(1.0)
-    );
-    assert!(
-        TimeDelta::milliseconds(pct(1.0)) <= LATE_BOUND,
-        "max lateness {} ms over {LATE_BOUND}",
-        pct(1.0)
-    );
-    scheduler.close().await;
+    let rows = env.wait_cancelled(&orders, Duration::from_secs(44)).await;
+    let lateness = assert_on_time(&orders, &rows, LATE_BOUND);
+    eprintln!("FIGURES flash sale {ORDERS}: lateness {lateness}");
     consumer.stop().await;
     env.cleanup().await;
 }
@@ -285,13 +199,9 @@ async fn a_bundle_reaches_the_due_queue_its_bundle_lead_early() {
     const BURST: usize = 1_000;
     let env = World::new().await;
     let due_at = at_ms(6_900);
-    let orders: Vec<(String, DateTime<Utc>)> =
-        (0..BURST).map(|i| (format!("bl-{i}"), due_at)).collect();
-    let scheduler = Scheduler::from_settings(&env.settings).unwrap();
+    let orders = orders("bl", BURST, |_| due_at);
     let began = Instant::now();
-    for result in scheduler.schedule_many(orders).await {
-        result.expect("every schedule confirmed");
-    }
+    schedule_all(env.scheduler(), &orders).await;
     let took = began.elapsed();
     if took >= Duration::from_millis(400) {
         eprintln!(
@@ -337,6 +247,5 @@ async fn a_bundle_reaches_the_due_queue_its_bundle_lead_early() {
         "a bundle arrived only {} ms before its orders were due: routed with the short lead",
         bundles_early_ms[0]
     );
-    scheduler.close().await;
     env.cleanup().await;
 }

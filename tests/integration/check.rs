@@ -7,9 +7,8 @@
 use std::time::Duration;
 
 use chrono::{TimeDelta, Utc};
-use lapin::types::AMQPValue;
 use order_expiry::{Settings, service::Outcome, settings::FinalOutcome};
-use order_expiry_testkit::{Endpoint, Reply, RunningConsumer, World, at_ms, bundle, message};
+use order_expiry_testkit::{Endpoint, Reply, RunningConsumer, World, at_ms, bundle, json, message};
 use secrecy::SecretString;
 
 const STEPS: [Duration; 2] = [Duration::from_millis(1_000), Duration::from_millis(2_000)];
@@ -88,12 +87,7 @@ async fn step_transitions(bundled: bool) {
     let messages = ids.map(|id| message(id, due_at));
     match bundled {
         false => env.publish_messages(&messages).await,
-        true => {
-            let json = lapin::BasicProperties::default()
-                .with_content_type("application/json".into())
-                .with_delivery_mode(2);
-            env.publish_due(&bundle(&messages), json).await;
-        }
+        true => env.publish_due(&bundle(&messages), json()).await,
     }
 
     // c-pending: 2 requeues + cancelled; c-stuck: 2 requeues + parked; the
@@ -161,13 +155,7 @@ async fn step_transitions(bundled: bool) {
     assert_eq!(request.headers["authorization"], "Bearer check-token-77");
 
     // The parked ones say why; the stuck one is not cancelled.
-    let mut reasons = Vec::new();
-    while let Some(parked) = env.get(&env.ladder().parked_queue()).await {
-        let headers = parked.properties.headers().clone().unwrap_or_default();
-        if let Some(AMQPValue::LongString(s)) = headers.inner().get("x-parked-reason") {
-            reasons.push(s.to_string());
-        }
-    }
+    let mut reasons: Vec<String> = env.parked().await.into_iter().map(|p| p.reason).collect();
     reasons.sort();
     assert_eq!(reasons.len(), 2, "{reasons:?}");
     assert!(

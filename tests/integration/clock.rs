@@ -7,13 +7,12 @@
 //! that comes before `due_at`. The sweeper is off: every cancel is the
 //! consumer's.
 
-use std::collections::HashSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use order_expiry::Scheduler;
 use order_expiry_testkit::{
-    Endpoint, MovableClock, OrderRow, Served, Subscriber, World, at_ms, skewed_clock,
+    Endpoint, MovableClock, Served, Subscriber, World, assert_on_time, at_ms, orders, skewed_clock,
 };
 
 /// How far `serve`'s clock is off, in seconds.
@@ -21,7 +20,7 @@ const SKEW_S: i64 = 5;
 
 /// The promise: cancelled no earlier than due, and within this after, by the
 /// reference clock (the offset is measured and corrected).
-const BOUND: TimeDelta = TimeDelta::seconds(1);
+const BOUND: Duration = Duration::from_secs(1);
 
 /// Orders per run, due 4-9 s after they are made.
 const ORDERS: usize = 150;
@@ -70,13 +69,12 @@ async fn a_clock_that_jumps_ahead_unmeasured_is_still_never_early() {
     // libfaketime reads its file again within a second.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let orders = schedule(&env, "jump", Carried::Bundled).await;
-    let rows = wait_settled(&env, &orders).await;
+    let figures = judge(&env, &orders).await;
     let refused = served
         .metric("order_expiry_not_due_total{clock=\"database\"}")
         .await;
     eprintln!(
-        "FIGURES clock sql serve jumped +{SKEW_S} s unmeasured: {}; refused as not due {refused}",
-        judge(&orders, &rows)
+        "FIGURES clock sql serve jumped +{SKEW_S} s unmeasured: {figures}; refused as not due {refused}"
     );
     assert!(refused > 0.0, "the database never refused an early cancel");
     drop(served);
@@ -110,14 +108,12 @@ async fn serve_ahead_never_has_an_event_acted_on_early() {
     vars.extend(skewed_clock(SKEW_S));
     let served = start(&env, &vars).await;
     let orders = schedule(&env, "event", Carried::Alone).await;
-    let rows = wait_settled(&env, &orders).await;
+    let figures = judge(&env, &orders).await;
     drop(served);
     let received = subscriber.stop(&env).await;
     eprintln!(
-        "FIGURES clock event serve +{SKEW_S} s: {}; events {}, held by the subscriber {}",
-        judge(&orders, &rows),
-        received.events,
-        received.held
+        "FIGURES clock event serve +{SKEW_S} s: {figures}; events {}, held by the subscriber {}",
+        received.events, received.held
     );
     assert!(
         received.held > 0,
@@ -166,7 +162,7 @@ async fn http_run(skew_s: i64) {
     vars.extend(skewed_clock(skew_s));
     let served = start(&env, &vars).await;
     let orders = schedule(&env, "http", Carried::Alone).await;
-    let rows = wait_settled(&env, &orders).await;
+    let figures = judge(&env, &orders).await;
     let too_early = service
         .requests()
         .iter()
@@ -177,9 +173,8 @@ async fn http_run(skew_s: i64) {
         .metric("order_expiry_clock_offset_seconds{clock=\"http\"}")
         .await;
     eprintln!(
-        "FIGURES clock http serve {skew_s:+} s: {}; 425 answers {too_early}, parked {parked}, \
-         offset {offset:+.3} s",
-        judge(&orders, &rows)
+        "FIGURES clock http serve {skew_s:+} s: {figures}; 425 answers {too_early}, parked {parked}, \
+         offset {offset:+.3} s"
     );
     assert_eq!(parked, 0, "an order the service called early was parked");
     assert!(
@@ -197,14 +192,11 @@ async fn sql_run(skew_s: i64, carried: Carried) {
     let vars = skewed_clock(skew_s);
     let served = start(&env, &vars).await;
     let orders = schedule(&env, "sql", carried).await;
-    let rows = wait_settled(&env, &orders).await;
+    let figures = judge(&env, &orders).await;
     let offset = served
         .metric("order_expiry_clock_offset_seconds{clock=\"database\"}")
         .await;
-    eprintln!(
-        "FIGURES clock sql serve {skew_s:+} s {carried:?}: {}; offset {offset:+.3} s",
-        judge(&orders, &rows)
-    );
+    eprintln!("FIGURES clock sql serve {skew_s:+} s {carried:?}: {figures}; offset {offset:+.3} s");
     assert!(
         (offset + skew_s as f64).abs() < 0.1,
         "serve measured its offset from the database as {offset:+.3} s, not {:+} s",
@@ -217,9 +209,7 @@ async fn sql_run(skew_s: i64, carried: Carried) {
 /// `serve` for `env` with `vars`, ready.
 async fn start(env: &World, vars: &[(&str, String)]) -> Served {
     let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let served = env.serve(&vars).await;
-    served.wait_ready(Duration::from_secs(30)).await;
-    served
+    env.serve_ready(&vars).await
 }
 
 /// Makes `ORDERS` unpaid orders due 4-9 s from now and schedules them from
@@ -227,104 +217,41 @@ async fn start(env: &World, vars: &[(&str, String)]) -> Served {
 /// due in groups of ten a millisecond apart, so that bundles can form (a
 /// bundle holds orders due within `publisher.bundle_span_ms`).
 async fn schedule(env: &World, prefix: &str, carried: Carried) -> Vec<(String, DateTime<Utc>)> {
-    let orders: Vec<(String, DateTime<Utc>)> = (0..ORDERS)
-        .map(|i| {
-            let ms = 4_000 + ((i / 10) * 10 * 5_000 / ORDERS) as i64 + (i % 10) as i64;
-            (format!("{prefix}-{i}"), at_ms(ms))
-        })
-        .collect();
-    env.create_orders(&orders).await;
+    let orders = orders(prefix, ORDERS, |i| {
+        at_ms(4_000 + ((i / 10) * 10 * 5_000 / ORDERS) as i64 + (i % 10) as i64)
+    });
     let mut settings = env.settings.clone();
     match carried {
         Carried::Alone => settings.publisher.bundle_max_orders = 1,
         Carried::Bundled => settings.publisher.max_in_flight = 2,
     }
     let scheduler = Scheduler::from_settings(&settings).expect("a scheduler");
-    let mut messages = HashSet::new();
-    for result in scheduler.schedule_many(orders.clone()).await {
-        messages.insert(result.expect("every schedule confirmed").message_id);
-    }
-    scheduler.close().await;
+    let messages = env.place_with(scheduler, &orders).await;
     match carried {
-        Carried::Alone => assert_eq!(messages.len(), ORDERS, "one message per order"),
+        Carried::Alone => assert_eq!(messages, ORDERS, "one message per order"),
         // 15 groups of ten make 15 messages at best; how many more depends
-        // on the confirms' pace (group commit), which a loaded machine slows
-        // (31 seen in a CI rehearsal): two orders a message on average is
-        // enough for the rule to be tested on bundles.
+        // on the confirms' pace (group commit), which a loaded machine slows:
+        // two orders a message on average is enough for the rule to be
+        // tested on bundles.
         Carried::Bundled => assert!(
-            messages.len() <= ORDERS / 2,
-            "{} messages for {ORDERS} orders: not bundled",
-            messages.len()
+            messages <= ORDERS / 2,
+            "{messages} messages for {ORDERS} orders: not bundled"
         ),
     }
     orders
 }
 
-/// Waits until no order is unpaid any more, or 10 s after the last is due.
-async fn wait_settled(
-    env: &World,
-    orders: &[(String, DateTime<Utc>)],
-) -> std::collections::HashMap<String, OrderRow> {
+/// Waits until every order is cancelled (at most 10 s after the last is
+/// due), then asserts none lost, none early and every one within [`BOUND`],
+/// each by the database's clock (`cancelled_at` against `pay_deadline`);
+/// returns the figures.
+async fn judge(env: &World, orders: &[(String, DateTime<Utc>)]) -> String {
     let last_due = orders.iter().map(|(_, at)| *at).max().expect("orders");
-    let limit = (last_due - Utc::now() + TimeDelta::seconds(10))
-        .to_std()
-        .unwrap_or_default();
-    let deadline = Instant::now() + limit;
-    loop {
-        let rows = env.orders().await.expect("orders");
-        if rows.values().all(|r| r.status != "unpaid") || Instant::now() > deadline {
-            return rows;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// Asserts none lost, none early and every one within [`BOUND`], each by the
-/// database's clock (`cancelled_at` against `pay_deadline`); the figures.
-fn judge(
-    orders: &[(String, DateTime<Utc>)],
-    rows: &std::collections::HashMap<String, OrderRow>,
-) -> String {
-    let mut lost = Vec::new();
-    let mut early = Vec::new();
-    let mut late_ms = Vec::new();
-    for (id, _) in orders {
-        let row = &rows[id];
-        let Some(cancelled_at) = row.cancelled_at else {
-            lost.push(id.as_str());
-            continue;
-        };
-        let late = cancelled_at - row.pay_deadline;
-        if late < TimeDelta::zero() {
-            early.push((id.as_str(), late.num_milliseconds()));
-        }
-        late_ms.push(late.num_milliseconds());
-    }
-    late_ms.sort();
-    let at = |q: f64| {
-        late_ms.get(((late_ms.len() as f64 * q) as usize).min(late_ms.len().saturating_sub(1)))
-    };
-    let figures = format!(
-        "{} orders, early {}, lost {}, lateness p50 {:?} ms, p99 {:?} ms, max {:?} ms",
-        orders.len(),
-        early.len(),
-        lost.len(),
-        at(0.5),
-        at(0.99),
-        late_ms.last()
-    );
-    lost.truncate(10);
-    early.truncate(10);
-    assert!(lost.is_empty(), "{figures}: not cancelled, e.g. {lost:?}");
-    assert!(
-        early.is_empty(),
-        "{figures}: cancelled before due by the reference clock, e.g. (ms) {early:?}"
-    );
-    let max = late_ms.last().copied().unwrap_or(0);
-    assert!(
-        max < BOUND.num_milliseconds(),
-        "{figures}: later than the {} ms bound",
-        BOUND.num_milliseconds()
-    );
-    figures
+    let limit = (last_due - Utc::now() + TimeDelta::seconds(10)).to_std();
+    let rows = env.wait_cancelled(orders, limit.unwrap_or_default()).await;
+    let lateness = assert_on_time(orders, &rows, BOUND);
+    format!(
+        "{} orders, early 0, lost 0, lateness {lateness}",
+        orders.len()
+    )
 }

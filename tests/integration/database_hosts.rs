@@ -5,9 +5,10 @@
 //! a `serve` with a writable URL then cancels them all. The real failover (a
 //! primary and its standby) is `tests/faults/failover`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use order_expiry_testkit::{Served, World, at_ms, database, free_port};
+use chrono::{DateTime, Utc};
+use order_expiry_testkit::{Served, World, at_ms, database, eventually, free_port, orders};
 use secrecy::ExposeSecret;
 
 async fn serve(env: &World, url: &str) -> Served {
@@ -15,32 +16,10 @@ async fn serve(env: &World, url: &str) -> Served {
 }
 
 /// `n` unpaid orders `<prefix>-<i>` due in 300 ms, created and scheduled.
-async fn due_soon(env: &World, prefix: &str, n: usize) -> Vec<String> {
-    let orders: Vec<_> = (0..n)
-        .map(|i| (format!("{prefix}-{i}"), at_ms(300)))
-        .collect();
-    env.create_orders(&orders).await;
-    let scheduler = env.scheduler();
-    for result in scheduler.schedule_many(orders.iter().cloned()).await {
-        result.expect("scheduled");
-    }
-    scheduler.close().await;
-    orders.into_iter().map(|(id, _)| id).collect()
-}
-
-async fn all_cancelled(env: &World, ids: &[String], within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        let rows = env.orders().await.unwrap_or_default();
-        if ids
-            .iter()
-            .all(|id| rows.get(id).is_some_and(|r| r.status == "cancelled"))
-        {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
+async fn due_soon(env: &World, prefix: &str, n: usize) -> Vec<(String, DateTime<Utc>)> {
+    let orders = orders(prefix, n, |_| at_ms(300));
+    env.place(&orders).await;
+    orders
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -55,17 +34,13 @@ async fn a_database_url_whose_first_host_is_dead_cancels_through_the_next() {
     );
     let served = serve(&env, &url).await;
     served.wait_ready(Duration::from_secs(30)).await;
-    let ids = due_soon(&env, "h", 10).await;
-    assert!(
-        all_cancelled(&env, &ids, Duration::from_secs(20)).await,
-        "not cancelled through the second host:\n{}",
-        served.log_tail(20)
-    );
+    let orders = due_soon(&env, "h", 10).await;
+    // Not cancelled through the second host: the panic quotes serve's log.
+    env.wait_cancelled(&orders, Duration::from_secs(20)).await;
     let log = std::fs::read_to_string(served.log_path()).expect("serve's log");
     assert!(!log.contains("pw-db-hosts"), "the password was logged");
     let shown = format!("postgres://postgres:***@127.0.0.1:{dead},127.0.0.1:5432/");
     assert!(log.contains(&shown), "{shown} not in the start-up log");
-    let _ = std::fs::remove_file(served.log_path());
     drop(served);
     env.cleanup().await;
 }
@@ -78,18 +53,13 @@ async fn a_read_only_database_holds_every_cancel_unparked_until_a_writable_one()
     let writable = env.settings.database.url.expose_secret().to_owned();
     let read_only = format!("{writable}%20-cdefault_transaction_read_only%3Don");
     let served = serve(&env, &read_only).await;
-    let ids = due_soon(&env, "ro", 20).await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while served.metric("order_expiry_retries_total").await < 3.0 {
-        assert!(
-            Instant::now() < deadline,
-            "no retries:\n{}",
-            served.log_tail(20)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let orders = due_soon(&env, "ro", 20).await;
+    eventually(Duration::from_secs(20), "three retries", async || {
+        served.metric("order_expiry_retries_total").await >= 3.0
+    })
+    .await;
     let rows = env.orders().await.expect("orders");
-    assert!(ids.iter().all(|id| rows[id].status == "unpaid"));
+    assert!(orders.iter().all(|(id, _)| rows[id].status == "unpaid"));
     assert_eq!(served.metric("order_expiry_parked_total").await, 0.0);
     let cancelled = "order_expiry_messages_total{outcome=\"cancelled\"}";
     assert_eq!(served.metric(cancelled).await, 0.0);
@@ -107,15 +77,9 @@ async fn a_read_only_database_holds_every_cancel_unparked_until_a_writable_one()
     );
 
     // Nothing was acked: a writable serve gets every message back.
-    let _ = std::fs::remove_file(served.log_path());
     drop(served);
     let served = serve(&env, &writable).await;
-    assert!(
-        all_cancelled(&env, &ids, Duration::from_secs(30)).await,
-        "not all cancelled once the database took writes:\n{}",
-        served.log_tail(20)
-    );
-    let _ = std::fs::remove_file(served.log_path());
+    env.wait_cancelled(&orders, Duration::from_secs(30)).await;
     drop(served);
     env.cleanup().await;
 }

@@ -4,9 +4,8 @@
 
 use std::time::Duration;
 
-use chrono::TimeDelta;
-use order_expiry::{Scheduler, service::Outcome};
-use order_expiry_testkit::{World, at_ms, message};
+use order_expiry::service::Outcome;
+use order_expiry_testkit::{Endpoint, World, assert_on_time, at_ms, eventually, orders};
 use rand::seq::SliceRandom;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -18,38 +17,14 @@ async fn mixed_delays_published_long_first_are_cancelled_on_time() {
     let mut delays: Vec<i64> = (0..120).map(|i| 1_000 + i * 9_000 / 119).collect();
     delays.shuffle(&mut rand::rng());
     delays.sort_by(|a, b| b.cmp(a));
-    let orders: Vec<(String, _)> = delays
-        .iter()
-        .enumerate()
-        .map(|(i, ms)| (format!("mixed-{i}"), at_ms(*ms)))
-        .collect();
-    env.create_orders(&orders).await;
-    let scheduler = Scheduler::from_settings(&env.settings).unwrap();
-    for result in scheduler.schedule_many(orders.clone()).await {
-        result.expect("every schedule confirmed");
-    }
+    let orders = orders("mixed", delays.len(), |i| at_ms(delays[i]));
+    env.place(&orders).await;
 
     let handled = consumer.next_n(orders.len(), Duration::from_secs(25)).await;
     assert!(handled.iter().all(|h| h.outcome == Outcome::Cancelled));
-
-    let mut lateness_ms = Vec::new();
-    for (id, _) in &orders {
-        let (status, due_at, cancelled_at) = env.order(id).await;
-        assert_eq!(status, "cancelled", "{id}");
-        let cancelled_at = cancelled_at.expect("cancelled_at set");
-        let late = cancelled_at - due_at;
-        assert!(late >= TimeDelta::zero(), "{id} cancelled {late} early");
-        assert!(late < TimeDelta::seconds(1), "{id} cancelled {late} late");
-        lateness_ms.push(late.num_milliseconds());
-    }
-    lateness_ms.sort();
-    eprintln!(
-        "lateness over {} orders: p50 {} ms, max {} ms",
-        lateness_ms.len(),
-        lateness_ms[lateness_ms.len() / 2],
-        lateness_ms[lateness_ms.len() - 1]
-    );
-    scheduler.close().await;
+    let rows = env.orders().await.expect("orders");
+    let lateness = assert_on_time(&orders, &rows, Duration::from_secs(1));
+    eprintln!("lateness over {} orders: {lateness}", orders.len());
     consumer.stop().await;
     env.cleanup().await;
 }
@@ -57,16 +32,13 @@ async fn mixed_delays_published_long_first_are_cancelled_on_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_arriving_early_is_held_until_due_at() {
     let env = World::new().await;
-    env.create_orders(&[("early-1".into(), at_ms(1_500))]).await;
-    let (_, due_at, _) = env.order("early-1").await;
+    let early = env.create_order("early-1", 1_500).await;
     let mut consumer = env.start_consumer();
     // Straight into the due queue, 1.5 s before it is due.
-    env.publish_message(&message("early-1", due_at)).await;
+    env.publish_message(&early).await;
     let handled = consumer.next_n(1, Duration::from_secs(10)).await;
     assert_eq!(handled[0].outcome, Outcome::Cancelled);
-    let (status, due_at, cancelled_at) = env.order("early-1").await;
-    assert_eq!(status, "cancelled");
-    assert!(cancelled_at.unwrap() >= due_at, "cancelled before due_at");
+    env.assert_cancelled_in_time("early-1").await;
     consumer.stop().await;
     env.cleanup().await;
 }
@@ -74,10 +46,9 @@ async fn a_message_arriving_early_is_held_until_due_at() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_message_survives_the_consumer_stopping() {
     let env = World::new().await;
-    env.create_orders(&[("held-1".into(), at_ms(2_000))]).await;
-    let (_, due_at, _) = env.order("held-1").await;
+    let held = env.create_order("held-1", 2_000).await;
     let first = env.start_consumer();
-    env.publish_message(&message("held-1", due_at)).await;
+    env.publish_message(&held).await;
     // Let the first consumer take the message and hold it, then stop it.
     tokio::time::sleep(Duration::from_millis(500)).await;
     first.stop().await;
@@ -86,8 +57,7 @@ async fn a_held_message_survives_the_consumer_stopping() {
     let mut second = env.start_consumer();
     let handled = second.next_n(1, Duration::from_secs(10)).await;
     assert_eq!(handled[0].outcome, Outcome::Cancelled);
-    let (_, due_at, cancelled_at) = env.order("held-1").await;
-    assert!(cancelled_at.unwrap() >= due_at);
+    env.assert_cancelled_in_time("held-1").await;
     second.stop().await;
     env.cleanup().await;
 }
@@ -95,19 +65,17 @@ async fn a_held_message_survives_the_consumer_stopping() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_consumer_while_it_holds_a_message_loses_nothing() {
     let env = World::new().await;
-    env.create_orders(&[("kill-1".into(), at_ms(3_000))]).await;
-    let (_, due_at, _) = env.order("kill-1").await;
+    let kill = env.create_order("kill-1", 3_000).await;
     let mut served = env.serve(&[]).await;
-    env.publish_message(&message("kill-1", due_at)).await;
+    env.publish_message(&kill).await;
     // Wait until the child has taken it (no longer ready in the queue), then kill -9.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while env.depth(&env.ladder().due_queue()).await > 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "serve never took the message"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let due_queue = env.ladder().due_queue();
+    eventually(
+        Duration::from_secs(10),
+        "serve took the message",
+        async || env.depth(&due_queue).await == 0,
+    )
+    .await;
     served.signal("-KILL");
     served
         .wait_exit(Duration::from_secs(5))
@@ -123,11 +91,7 @@ async fn killing_the_consumer_while_it_holds_a_message_loses_nothing() {
     let mut consumer = env.start_consumer();
     let handled = consumer.next_n(1, Duration::from_secs(10)).await;
     assert_eq!(handled[0].outcome, Outcome::Cancelled);
-    let (_, due_at, cancelled_at) = env.order("kill-1").await;
-    assert!(
-        cancelled_at.expect("cancelled") >= due_at,
-        "cancelled before due_at"
-    );
+    env.assert_cancelled_in_time("kill-1").await;
     consumer.stop().await;
     env.cleanup().await;
 }
@@ -141,29 +105,22 @@ async fn killing_the_consumer_while_it_holds_a_message_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_held_back_by_the_broker_counts_as_a_late_arrival_for_every_action() {
     let env = World::new().await;
-    let orders = order_expiry_testkit::Endpoint::order_service(env.store.clone()).await;
-    env.create_orders(&[
-        ("held-back".into(), at_ms(-90_000)),
-        ("on-time".into(), at_ms(0)),
-    ])
-    .await;
+    let orders = Endpoint::order_service(env.store.clone()).await;
     let base_url = orders.base_url();
-    let env_vars = [
-        ("ORDER_EXPIRY__ACTION__KIND", "http"),
-        ("ORDER_EXPIRY__ACTION__HTTP__BASE_URL", base_url.as_str()),
-    ];
-    let served = env.serve(&env_vars).await;
-    served.wait_ready(Duration::from_secs(30)).await;
-    for id in ["held-back", "on-time"] {
-        let (_, due_at, _) = env.order(id).await;
-        env.publish_message(&message(id, due_at)).await;
+    let served = env
+        .serve_ready(&[
+            ("ORDER_EXPIRY__ACTION__KIND", "http"),
+            ("ORDER_EXPIRY__ACTION__HTTP__BASE_URL", base_url.as_str()),
+        ])
+        .await;
+    for (id, ms) in [("held-back", -90_000), ("on-time", 0)] {
+        env.publish_message(&env.create_order(id, ms).await).await;
     }
-    orders
-        .wait_for("expire", "held-back", 1, Duration::from_secs(10))
-        .await;
-    orders
-        .wait_for("expire", "on-time", 1, Duration::from_secs(10))
-        .await;
+    for id in ["held-back", "on-time"] {
+        orders
+            .wait_for("expire", id, 1, Duration::from_secs(10))
+            .await;
+    }
     let arrivals = served
         .metric("order_expiry_arrival_lateness_seconds_count")
         .await;

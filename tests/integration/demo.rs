@@ -6,26 +6,19 @@
 //! guard), and the broker answers each look with a 404 that lapin logs at ERROR
 //! unless the service's log filter knows it was expected.
 
-use order_expiry_testkit::{World, settings_env};
-use tokio::process::Command;
+use order_expiry_testkit::{World, succeeded};
 
-async fn run(world: &World, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_order-expiry"))
-        .args(args)
-        .envs(settings_env(&world.settings))
-        .env("ORDER_EXPIRY__LOG__FORMAT", "text")
-        .env_remove("RUST_LOG")
-        .output()
-        .await
-        .expect("the binary runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+/// What `order-expiry COMMAND` (text logs) printed on stdout and stderr; it
+/// must succeed and print no ERROR line.
+async fn run(world: &World, command: &str) -> String {
+    let args: Vec<&str> = command.split(' ').collect();
+    let out = world
+        .cli(&args, &[("ORDER_EXPIRY__LOG__FORMAT", "text")])
+        .await;
+    let text = succeeded(command, &out) + &String::from_utf8_lossy(&out.stderr);
     assert!(
-        out.status.success(),
-        "order-expiry {args:?} failed:\n{text}"
+        !text.contains("ERROR"),
+        "{command} printed an ERROR line:\n{text}"
     );
     text
 }
@@ -37,26 +30,8 @@ async fn first_apply_and_demo_print_no_error() {
         .build()
         .await
         .expect("world");
-    let apply = run(&world, &["topology", "apply"]).await;
-    let demo = run(
-        &world,
-        &[
-            "demo",
-            "--orders",
-            "10",
-            "--min-delay",
-            "1s",
-            "--max-delay",
-            "3s",
-        ],
-    )
-    .await;
-    for (command, output) in [("topology apply", &apply), ("demo", &demo)] {
-        assert!(
-            !output.contains("ERROR"),
-            "{command} printed an ERROR line:\n{output}"
-        );
-    }
+    run(&world, "topology apply").await;
+    let demo = run(&world, "demo --orders 10 --min-delay 1s --max-delay 3s").await;
     assert!(
         demo.contains("early 0") && demo.contains("still unpaid 0"),
         "{demo}"

@@ -7,37 +7,20 @@
 use std::time::Duration;
 
 use chrono::{DateTime, SubsecRound, TimeDelta, Utc};
-use order_expiry::{Scheduler, service::OrderStore, service::Outcome};
-use order_expiry_testkit::{World, at_ms, succeeded};
+use order_expiry::{service::OrderStore, service::Outcome};
+use order_expiry_testkit::{World, at_ms};
 
 /// Sets a new deadline, as the order service does when it extends one.
 async fn extend(env: &World, id: &str, pay_deadline: DateTime<Utc>) {
     let client = env.store.client().await.unwrap();
-    let n = client
-        .execute(
-            "UPDATE orders SET pay_deadline = $2 WHERE id = $1",
-            &[&id, &pay_deadline],
-        )
-        .await
-        .unwrap();
-    assert_eq!(n, 1);
-}
-
-/// `order-expiry schedule --order-id ID --due-at T` against the world.
-async fn schedule_with_cli(env: &World, id: &str, due_at: DateTime<Utc>) {
-    let due_at = due_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-    let mut cmd = crate::cli::binary(env);
-    cmd.args(["schedule", "--order-id", id, "--due-at", &due_at]);
-    succeeded(
-        "order-expiry schedule",
-        &cmd.output().await.expect("the binary runs"),
-    );
+    let set = "UPDATE orders SET pay_deadline = $2 WHERE id = $1";
+    assert_eq!(client.execute(set, &[&id, &pay_deadline]).await.unwrap(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_extended_deadline_outlives_its_old_message() {
     let env = World::new().await;
-    let scheduler = Scheduler::from_settings(&env.settings).unwrap();
+    let scheduler = env.scheduler();
     let mut consumer = env.start_consumer();
     // Two orders due in 2 s; both extended by 2 s right away and scheduled
     // again: one through the library, one through the CLI.
@@ -53,7 +36,9 @@ async fn an_extended_deadline_outlives_its_old_message() {
         extend(&env, id, new).await;
     }
     scheduler.schedule("ext-lib", new).await.unwrap();
-    schedule_with_cli(&env, "ext-cli", new).await;
+    let new_text = new.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    env.cli_ok(&["schedule", "--order-id", "ext-cli", "--due-at", &new_text])
+        .await;
 
     // The old messages: stale, acked, nothing changes.
     let handled = consumer.next_n(2, Duration::from_secs(10)).await;
@@ -105,14 +90,8 @@ async fn the_store_applies_the_rule_and_the_sweeper_reads_the_new_deadline() {
     env.create_orders(&[("ext-sweep".into(), old), ("ext-null".into(), old)])
         .await;
     extend(&env, "ext-sweep", at_ms(10_000)).await;
-    let client = env.store.client().await.unwrap();
-    client
-        .execute(
-            "UPDATE orders SET pay_deadline = NULL WHERE id = 'ext-null'",
-            &[],
-        )
-        .await
-        .unwrap();
+    env.execute("UPDATE orders SET pay_deadline = NULL WHERE id = 'ext-null'")
+        .await;
     let stale = order_expiry_testkit::message("ext-sweep", old);
     let no_deadline = order_expiry_testkit::message("ext-null", old);
     let dispositions = env

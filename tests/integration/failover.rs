@@ -5,19 +5,22 @@
 //! consumer) keep a queue declared before `topology.replicas`. The cluster
 //! itself (node loss, leaders, competing consumers) is `tests/cluster`.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use order_expiry::{Scheduler, service::Outcome};
-use order_expiry_testkit::{World, amqp_url, at_ms, free_port};
-use secrecy::{ExposeSecret, SecretString};
-use tokio::process::Command;
+use order_expiry_testkit::{World, amqp_url, at_ms, free_port, run_cli, table};
+use secrecy::SecretString;
 
 /// A URL on this host where nothing listens, with `password`.
 fn dead_url(password: &str) -> String {
     format!("amqp://guest:{password}@127.0.0.1:{}/%2f", free_port())
+}
+
+/// The arguments of a quorum queue declared without placement.
+fn quorum() -> FieldTable {
+    table([("x-queue-type", AMQPValue::LongString("quorum".into()))])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -67,15 +70,10 @@ async fn a_list_of_dead_brokers_names_each_without_its_password() {
     }
     assert!(!text.contains("pw-"), "{text}");
     assert!(!format!("{error:?}").contains("pw-"));
-    // The binary says the same, on one line, without the passwords.
-    let out = Command::new(env!("CARGO_BIN_EXE_order-expiry"))
-        .env("ORDER_EXPIRY__AMQP__URL", settings.amqp.url.expose_secret())
-        .env("ORDER_EXPIRY__AMQP__TIMEOUT_MS", "2000")
-        .args(["schedule", "--order-id", "a", "--delay", "5s"])
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .unwrap();
+    // The binary says the same, without the passwords.
+    let schedule = ["schedule", "--order-id", "a", "--delay", "5s"];
+    let timeout = [("ORDER_EXPIRY__AMQP__TIMEOUT_MS", "2000")];
+    let out = run_cli(&settings, &schedule, &timeout).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("none of the 2 brokers"), "{stderr}");
@@ -89,36 +87,17 @@ async fn a_list_of_dead_brokers_names_each_without_its_password() {
 /// rest; the consumer starts on it. Any other difference stays an error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apply_keeps_a_queue_declared_without_placement_and_says_so() {
-    let env = World::builder()
-        .kind("placement")
-        .declare(false)
-        .build()
-        .await
-        .unwrap();
+    let env = World::builder().kind("placement").declare(false).build();
+    let env = env.await.unwrap();
     let due = env.ladder().due_queue();
-    let mut old = FieldTable::default();
-    old.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
     let channel = env.channel().await;
+    let durable = QueueDeclareOptions::durable();
     channel
-        .queue_declare(due.as_str().into(), QueueDeclareOptions::durable(), old)
+        .queue_declare(due.as_str().into(), durable, quorum())
         .await
         .unwrap();
-    let apply = |prefix: String| {
-        Command::new(env!("CARGO_BIN_EXE_order-expiry"))
-            .env("ORDER_EXPIRY__AMQP__URL", amqp_url())
-            .env("ORDER_EXPIRY__TOPOLOGY__PREFIX", prefix)
-            .env(
-                "ORDER_EXPIRY__TOPOLOGY__LEVELS",
-                env.settings.topology.levels.to_string(),
-            )
-            .args(["topology", "apply"])
-            .stdin(Stdio::null())
-            .output()
-    };
-    let out = apply(env.settings.topology.prefix.clone()).await.unwrap();
+    let apply = async || env.cli(&["topology", "apply"], &[]).await;
+    let out = apply().await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(
@@ -128,41 +107,29 @@ async fn apply_keeps_a_queue_declared_without_placement_and_says_so() {
     assert!(stderr.contains("x-quorum-initial-group-size"), "{stderr}");
     assert!(stderr.contains("rabbitmq-queues grow"), "{stderr}");
     // Every other queue got the placement: a second apply keeps only the due queue.
-    let again = apply(env.settings.topology.prefix.clone()).await.unwrap();
+    let again = apply().await;
     let stderr = String::from_utf8_lossy(&again.stderr);
     assert_eq!(stderr.matches("warning:").count(), 1, "{stderr}");
     env.declare(&env.settings).await.unwrap();
 
     // The consumer declares its part on every connect, with the same leniency.
-    env.create_orders(&[("kept-1".to_owned(), at_ms(300))])
-        .await;
     let mut consumer = env.start_consumer();
-    env.scheduler()
-        .schedule("kept-1", at_ms(300))
-        .await
-        .unwrap();
+    env.place(&[("kept-1".to_owned(), at_ms(300))]).await;
     let handled = consumer.next_n(1, Duration::from_secs(15)).await;
     assert_eq!(handled[0].outcome, Outcome::Cancelled, "{handled:?}");
     consumer.stop().await;
 
     // A level queue with another TTL is still refused: that one would break the ladder.
     let level = env.ladder().level_name(1);
-    channel
-        .queue_delete(level.as_str().into(), Default::default())
-        .await
-        .unwrap();
-    let mut wrong = FieldTable::default();
-    wrong.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
+    env.delete_queue(&level).await;
+    let mut wrong = quorum();
     wrong.insert("x-message-ttl".into(), AMQPValue::LongLongInt(1234));
-    let channel = env.channel().await;
-    channel
-        .queue_declare(level.as_str().into(), QueueDeclareOptions::durable(), wrong)
+    env.channel()
+        .await
+        .queue_declare(level.as_str().into(), durable, wrong)
         .await
         .unwrap();
-    let out = apply(env.settings.topology.prefix.clone()).await.unwrap();
+    let out = apply().await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains(&level), "{stderr}");

@@ -56,9 +56,9 @@ async fn an_order_inserted_after_its_message_is_cancelled_one_never_inserted_is_
             .collect()
     };
     // Inserted after the first look: cancelled at the re-check, not before.
-    let late = of("late-insert");
+    let outcomes = |h: &[&Handled]| h.iter().map(|h| h.outcome).collect::<Vec<_>>();
     assert_eq!(
-        late.iter().map(|h| h.outcome).collect::<Vec<_>>(),
+        outcomes(&of("late-insert")),
         [Outcome::Cancelled],
         "{seen:?}"
     );
@@ -70,11 +70,8 @@ async fn an_order_inserted_after_its_message_is_cancelled_one_never_inserted_is_
 
     // Never inserted: looked for again twice, each not before its time, then unknown.
     let never = of("never");
-    assert_eq!(
-        never.iter().map(|h| h.outcome).collect::<Vec<_>>(),
-        [Outcome::UnknownRequeued, Outcome::Unknown],
-        "{seen:?}"
-    );
+    let expected = [Outcome::UnknownRequeued, Outcome::Unknown];
+    assert_eq!(outcomes(&never), expected, "{seen:?}");
     let second_at = never[0].not_before.expect("due again at");
     let looks = [(never[0].at, again_at("never")), (never[1].at, second_at)];
     for (handled_at, not_before) in looks {

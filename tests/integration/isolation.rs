@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
-use lapin::BasicProperties;
-use lapin::types::AMQPValue;
 use order_expiry::{service::Outcome, service::PgOrderStore};
-use order_expiry_testkit::{RunningConsumer, World, at_ms, message};
+use order_expiry_testkit::{
+    RunningConsumer, World, assert_on_time, at_ms, count, eventually, json, message, orders,
+};
 
 const ORDERS: usize = 200;
 /// Bound on the lateness of the orders next to the bad one. Measured: the
@@ -30,20 +30,12 @@ async fn one_bad_order_among_many(env: &World, ids: &[String], bad: &str) -> Str
     env.publish_messages(&messages).await; // held until due: they come due at once
     // On a loaded machine the set-up may run past the due time; the bound is
     // on what the consumer does once every message is there and it consumes.
-    while !consumer.readiness.is_consuming() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let consuming = async || consumer.readiness.is_consuming();
+    eventually(Duration::from_secs(20), "consuming", consuming).await;
     let ready = due.max(Utc::now());
     let handled = consumer.next_n(ORDERS, Duration::from_secs(20)).await;
-    let parked: Vec<_> = handled
-        .iter()
-        .filter(|h| h.outcome == Outcome::Parked)
-        .collect();
-    assert_eq!(parked.len(), 1, "parked");
-    let cancelled = handled
-        .iter()
-        .filter(|h| h.outcome == Outcome::Cancelled)
-        .count();
+    assert_eq!(count(&handled, Outcome::Parked), 1, "parked");
+    let cancelled = count(&handled, Outcome::Cancelled);
     assert_eq!(cancelled, ORDERS - 1);
     consumer.expect_quiet(Duration::from_millis(300)).await;
     consumer.stop().await;
@@ -69,36 +61,22 @@ async fn one_bad_order_among_many(env: &World, ids: &[String], bad: &str) -> Str
     );
     assert!(lateness <= MAX_LATENESS, "others late by {lateness:?}");
 
-    let parked = env
-        .get(&env.ladder().parked_queue())
-        .await
-        .expect("the parked copy");
-    assert!(String::from_utf8_lossy(&parked.delivery.data).contains(bad));
+    let parked = env.parked().await;
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    assert!(String::from_utf8_lossy(&parked[0].body).contains(bad));
     assert_eq!(env.depth(&env.ladder().due_queue()).await, 0);
-    match parked
-        .delivery
-        .properties
-        .headers()
-        .as_ref()
-        .and_then(|h| h.inner().get("x-parked-reason").cloned())
-    {
-        Some(AMQPValue::LongString(reason)) => reason.to_string(),
-        other => panic!("no x-parked-reason: {other:?}"),
-    }
+    parked[0].reason.clone()
 }
 
 /// A rule of the user's schema one order breaks: a CHECK on the table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_check_violation_parks_that_order_and_the_rest_of_its_batch_is_cancelled_on_time() {
     let env = World::new().await;
-    let client = env.store.client().await.expect("database");
-    client
-        .batch_execute(
-            "ALTER TABLE orders ADD CONSTRAINT never_cancel_disputed \
-             CHECK (status <> 'cancelled' OR id NOT LIKE 'disputed-%')",
-        )
-        .await
-        .expect("constraint");
+    env.execute(
+        "ALTER TABLE orders ADD CONSTRAINT never_cancel_disputed \
+         CHECK (status <> 'cancelled' OR id NOT LIKE 'disputed-%')",
+    )
+    .await;
     let mut ids: Vec<String> = (0..ORDERS - 1).map(|i| format!("ok-{i}")).collect();
     ids.insert(57, "disputed-1".into());
     let reason = one_bad_order_among_many(&env, &ids, "disputed-1").await;
@@ -138,40 +116,28 @@ async fn an_id_the_custom_statement_cannot_cast_is_parked_with_22p02() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_parked_queue_is_declared_again_and_the_poison_parked() {
     let env = World::new().await;
-    let served = env.serve(&[]).await;
-    served.wait_ready(Duration::from_secs(30)).await;
+    let served = env.serve_ready(&[]).await;
     let parked_queue = env.ladder().parked_queue();
-    env.channel()
-        .await
-        .queue_delete(parked_queue.as_str().into(), Default::default())
-        .await
-        .expect("delete the parked queue");
+    env.delete_queue(&parked_queue).await;
 
     let due = at_ms(500);
-    let orders: Vec<_> = (0..20).map(|i| (format!("pk-{i}"), due)).collect();
+    let orders = orders("pk", 20, |_| due);
     env.create_orders(&orders).await;
     let due = env.order("pk-0").await.1;
-    let json = BasicProperties::default().with_content_type("application/json".into());
-    env.publish_due(b"{poison", json).await;
+    env.publish_due(b"{poison", json()).await;
     let messages: Vec<_> = orders.iter().map(|(id, _)| message(id, due)).collect();
     env.publish_messages(&messages).await;
 
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let repairs = loop {
-        let repairs = served
-            .metric("order_expiry_repairs_total{what=\"parked\"}")
-            .await;
-        let parked = served.metric("order_expiry_parked_total").await;
-        if repairs >= 1.0 && parked >= 1.0 {
-            break repairs;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not parked after a repair within 10 s (repairs {repairs}, parked {parked}):\n{}",
-            served.log_tail(20)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let repairs = "order_expiry_repairs_total{what=\"parked\"}";
+    eventually(
+        Duration::from_secs(10),
+        "parked after a repair",
+        async || {
+            served.metric(repairs).await >= 1.0
+                && served.metric("order_expiry_parked_total").await >= 1.0
+        },
+    )
+    .await;
     assert_eq!(
         env.depth(&parked_queue).await,
         1,
@@ -180,32 +146,13 @@ async fn a_deleted_parked_queue_is_declared_again_and_the_poison_parked() {
     let parked = env.get(&parked_queue).await.expect("the parked copy");
     assert_eq!(&parked.delivery.data[..], b"{poison");
 
-    let rows = loop {
-        let rows = env.orders().await.expect("orders");
-        if rows.values().all(|row| row.status == "cancelled") {
-            break rows;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not all cancelled: {rows:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    let worst = rows
-        .values()
-        .map(|row| {
-            assert_eq!(row.status, "cancelled");
-            (row.cancelled_at.expect("cancelled_at") - row.pay_deadline)
-                .to_std()
-                .expect("never early")
-        })
-        .max()
-        .expect("orders");
+    let rows = env.wait_cancelled(&orders, Duration::from_secs(10)).await;
+    let lateness = assert_on_time(&orders, &rows, MAX_LATENESS);
     eprintln!(
-        "FIGURES parked queue deleted: repairs {repairs}, poison parked, 20 cancelled, max lateness {} ms",
-        worst.as_millis()
+        "FIGURES parked queue deleted: repairs {}, poison parked, 20 cancelled, max lateness {} ms",
+        served.metric(repairs).await,
+        lateness.max.as_millis()
     );
-    assert!(worst <= MAX_LATENESS, "cancels late by {worst:?}");
     drop(served);
     env.cleanup().await;
 }

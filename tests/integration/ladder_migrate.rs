@@ -6,19 +6,19 @@
 
 use std::time::{Duration, Instant};
 
-use chrono::{TimeDelta, Utc};
-use order_expiry::Settings;
-use order_expiry_testkit::{Proxy, World, amqp_port, number_after, run_cli, succeeded};
+use chrono::{DateTime, Utc};
+use order_expiry::{Scheduler, Settings};
+use order_expiry_testkit::{
+    Proxy, World, amqp_port, at_ms, eventually, number_after, orders, run_cli, succeeded,
+};
 use rand::Rng;
 use secrecy::ExposeSecret;
 
 /// Runs `order-expiry ladder migrate ARGS` with `settings` (the new ladder).
 async fn migrate(settings: &Settings, args: &[&str]) -> String {
     let args = [&["ladder", "migrate"][..], args].concat();
-    succeeded(
-        "order-expiry ladder migrate",
-        &run_cli(settings, &args, &[]).await,
-    )
+    let out = run_cli(settings, &args, &[]).await;
+    succeeded("order-expiry ladder migrate", &out)
 }
 
 /// The settings of a new ladder of `levels` beside the world's (its prefix
@@ -31,95 +31,53 @@ async fn new_ladder(env: &World, levels: u8) -> Settings {
     new
 }
 
-/// `n` unpaid orders due 4-40 s from now, scheduled into the world's ladder
-/// at once: the publisher's window fills and most leave in v2 bundles, which
-/// the migration moves as bundles. How many messages carry them.
-async fn in_flight(env: &World, n: usize) -> usize {
-    let now = Utc::now();
-    let mut rng = rand::rng();
-    let orders: Vec<(String, chrono::DateTime<Utc>)> = (0..n)
-        .map(|i| {
-            let due = now + TimeDelta::milliseconds(rng.random_range(4_000..40_000));
-            (format!("m-{i:05}"), due)
-        })
-        .collect();
-    env.create_orders(&orders).await;
-    let scheduler = env.scheduler();
-    let mut messages = std::collections::HashSet::new();
-    for r in scheduler.schedule_many(orders).await {
-        messages.insert(r.expect("scheduled into the old ladder").message_id);
-    }
-    scheduler.close().await;
-    messages.len()
+/// Waits until every order is cancelled (at most 90 s); none early.
+async fn all_cancelled_none_early(env: &World, orders: &[(String, DateTime<Utc>)]) {
+    let rows = env.wait_cancelled(orders, Duration::from_secs(90)).await;
+    assert_eq!(rows.len(), orders.len());
+    let early = rows
+        .values()
+        .filter(|r| r.cancelled_at.is_some_and(|at| at < r.pay_deadline));
+    assert_eq!(early.count(), 0, "orders cancelled before their deadline");
 }
 
-/// Waits until every order is cancelled (at most 90 s); then none is early.
-async fn all_cancelled_none_early(env: &World, n: i64) -> Duration {
-    let start = Instant::now();
-    let client = env.store.client().await.unwrap();
-    loop {
-        let row = client
-            .query_one(
-                "SELECT count(*) FILTER (WHERE status = 'cancelled'), \
-                        count(*) FILTER (WHERE cancelled_at < pay_deadline), count(*) FROM orders",
-                &[],
-            )
-            .await
-            .unwrap();
-        let (cancelled, early, total): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
-        assert_eq!(early, 0, "orders cancelled before their deadline");
-        assert_eq!(total, n);
-        if cancelled == n {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(90),
-            "only {cancelled} of {n} cancelled"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
+/// `n` unpaid orders due 4-40 s from now, scheduled into the old ladder at
+/// once: the publisher's window fills and most leave in v2 bundles, which the
+/// migration moves as bundles.
 async fn migrate_while_running(old_levels: u8, new_levels: u8, n: usize, old_consumer: bool) {
-    let env = World::builder()
-        .kind("mg")
-        .levels(old_levels)
-        .build()
-        .await
-        .expect("a world");
+    let env = World::builder().kind("mg").levels(old_levels).build();
+    let env = env.await.expect("a world");
     let new = new_ladder(&env, new_levels).await;
-    let messages = in_flight(&env, n).await;
+    let mut rng = rand::rng();
+    let orders = orders("m", n, |_| at_ms(rng.random_range(4_000..40_000)));
+    let messages = env.place(&orders).await;
     assert!(
         messages < n,
         "{messages} messages for {n} orders: no bundle to move"
     );
     let consumer = env.start_consumer_with(&new);
     let old = old_consumer.then(|| env.start_consumer());
-    let from = ["--from-prefix", &env.settings.topology.prefix];
     let levels = old_levels.to_string();
-    let from_levels = ["--from-levels", levels.as_str()];
+    let from = ["--from-prefix", &env.settings.topology.prefix];
+    let from = [&from[..], &["--from-levels", levels.as_str()]].concat();
 
-    let dry = migrate(
-        &new,
-        &[&from[..], &from_levels[..], &["--dry-run"]].concat(),
-    )
-    .await;
+    let dry = migrate(&new, &[&from[..], &["--dry-run"]].concat()).await;
     eprintln!("{dry}");
     let found = number_after(&dry, "levels):") as u64;
     assert!(found > 0 && found <= n as u64, "{dry}");
     assert!(dry.contains("dry run: nothing moved"), "{dry}");
 
-    let out = migrate(
-        &new,
-        &[&from[..], &from_levels[..], &["--delete-old"]].concat(),
-    )
-    .await;
+    let out = migrate(&new, &[&from[..], &["--delete-old"]].concat()).await;
     eprintln!("{out}");
     let moved = number_after(&out, "moved") as u64;
     assert!(moved > 0 && moved <= messages as u64, "{out}");
     assert!(out.contains("deleted"), "{out}");
-    let took = all_cancelled_none_early(&env, n as i64).await;
-    eprintln!("all {n} cancelled, none early, {took:?} after the migration");
+    let migrated = Instant::now();
+    all_cancelled_none_early(&env, &orders).await;
+    eprintln!(
+        "all {n} cancelled, none early, {:?} after the migration",
+        migrated.elapsed()
+    );
     // The old ladder is gone: its queues no longer exist.
     let level_0 = env.ladder().level_name(0);
     assert!(!env.has_queue(&level_0).await, "old level 0 deleted");
@@ -146,49 +104,36 @@ async fn migrate_a_prefix_rename_with_both_consumers_running() {
 
 /// A ladder nobody consumes moves what falls due on to its catch-up queue
 /// after `topology.catch_up_after_ms`: the migration takes it from there too,
-/// and `--delete-old` removes that queue and its exchange. (The soak found
-/// orders scheduled into an old ladder just before its migration lost for
-/// the sweeper: the migration never looked at the old catch-up queue.)
+/// and `--delete-old` removes that queue and its exchange.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_moves_what_waited_in_the_old_catch_up_queue() {
-    let env = World::builder()
-        .kind("mgc")
-        .declare(false)
-        .build()
-        .await
-        .expect("a world");
+    let env = World::builder().kind("mgc").declare(false).build();
+    let env = env.await.expect("a world");
     let mut old = env.settings.clone();
     old.topology.catch_up_after = Duration::from_secs(1);
     env.declare(&old).await.unwrap();
     let new = new_ladder(&env, env.settings.topology.levels).await;
 
-    let due = Utc::now() + TimeDelta::milliseconds(500);
-    let orders: Vec<(String, chrono::DateTime<Utc>)> =
-        (0..20).map(|i| (format!("c-{i:02}"), due)).collect();
-    env.create_orders(&orders).await;
-    let scheduler = order_expiry::Scheduler::from_settings(&old).expect("a scheduler");
-    for r in scheduler.schedule_many(orders).await {
-        r.expect("scheduled into the old ladder");
-    }
-    scheduler.close().await;
-    let catch_up = env.ladder().catch_up_queue();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while env.depth(&env.ladder().due_queue()).await > 0 || env.depth(&catch_up).await == 0 {
-        assert!(Instant::now() < deadline, "nothing reached {catch_up}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-
-    let consumer = env.start_consumer_with(&new);
-    let from = ["--from-prefix", &env.settings.topology.prefix];
-    let levels = env.settings.topology.levels.to_string();
-    let out = migrate(
-        &new,
-        &[&from[..], &["--from-levels", &levels, "--delete-old"]].concat(),
+    let due = at_ms(500);
+    let orders = orders("c", 20, |_| due);
+    env.place_with(Scheduler::from_settings(&old).unwrap(), &orders)
+        .await;
+    let (due_queue, catch_up) = (env.ladder().due_queue(), env.ladder().catch_up_queue());
+    eventually(
+        Duration::from_secs(20),
+        "all in the catch-up queue",
+        async || env.depth(&due_queue).await == 0 && env.depth(&catch_up).await > 0,
     )
     .await;
+
+    let consumer = env.start_consumer_with(&new);
+    let levels = env.settings.topology.levels.to_string();
+    let prefix = env.settings.topology.prefix.as_str();
+    let from = ["--from-prefix", prefix, "--from-levels", &levels];
+    let out = migrate(&new, &[&from[..], &["--delete-old"]].concat()).await;
     eprintln!("{out}");
     assert!(number_after(&out, "moved") > 0.0, "{out}");
-    all_cancelled_none_early(&env, 20).await;
+    all_cancelled_none_early(&env, &orders).await;
     assert!(
         !env.has_queue(&catch_up).await,
         "the old catch-up queue deleted"
@@ -205,23 +150,18 @@ fn channel_open(bytes: &[u8]) -> bool {
         .any(|f| f[0] == 1 && f[1..3] != [0, 0] && f[7..11] == [0, 20, 0, 10])
 }
 
-/// A node that goes away between the connect and the first channel: the
-/// soak found `ladder migrate` exit 1 with `channel.open: Connection reset by
-/// peer` when the node it was given first accepted its connection while
-/// stopping. Here the first URL of the list is a proxy to the broker that
-/// resets each connection at its `channel.open`; the migration must carry on
-/// through the second, and move what the old ladder holds.
+/// A node that goes away between the connect and the first channel (it
+/// accepted the connection while stopping): the first URL of the list is a
+/// proxy to the broker that resets each connection at its `channel.open`;
+/// the migration must carry on through the second, and move what the old
+/// ladder holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_carries_on_when_its_first_node_resets_at_the_first_channel() {
     let env = World::builder().kind("mgr").build().await.expect("a world");
     let new = new_ladder(&env, env.settings.topology.levels).await;
-    let due = Utc::now() + TimeDelta::seconds(6);
-    let orders: Vec<(String, chrono::DateTime<Utc>)> =
-        (0..20).map(|i| (format!("r-{i:02}"), due)).collect();
-    env.create_orders(&orders).await;
-    for r in env.scheduler().schedule_many(orders).await {
-        r.expect("scheduled into the old ladder");
-    }
+    let due = at_ms(6_000);
+    let orders = orders("r", 20, |_| due);
+    env.place(&orders).await;
     let consumer = env.start_consumer_with(&new);
 
     let broker = ([127, 0, 0, 1], amqp_port()).into();
@@ -237,7 +177,7 @@ async fn migrate_carries_on_when_its_first_node_resets_at_the_first_channel() {
     eprintln!("{out}");
     assert!(proxy.cuts() > 0, "the proxy never reset a connection");
     assert!(number_after(&out, "moved") > 0.0, "{out}");
-    all_cancelled_none_early(&env, 20).await;
+    all_cancelled_none_early(&env, &orders).await;
     consumer.stop().await;
     env.cleanup().await;
 }

@@ -3,35 +3,22 @@
 
 use std::time::Duration;
 
-use order_expiry::{Scheduler, service::Disposition, service::OrderStore, service::Outcome};
-use order_expiry_testkit::{World, at_ms, message};
+use order_expiry::{service::Disposition, service::OrderStore, service::Outcome};
+use order_expiry_testkit::{World, at_ms, count, message, orders};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paid_orders_stay_paid_and_cancelled_ones_stay_cancelled() {
     let env = World::new().await;
-    let orders: Vec<(String, _)> = (0..20)
-        .map(|i| (format!("pay-{i}"), at_ms(2_000)))
-        .collect();
-    env.create_orders(&orders).await;
-    let scheduler = Scheduler::from_settings(&env.settings).unwrap();
-    for r in scheduler.schedule_many(orders.clone()).await {
-        r.unwrap();
-    }
+    let orders = orders("pay", 20, |_| at_ms(2_000));
+    env.place(&orders).await;
     // Pay the even ones before they are due.
     for (id, _) in orders.iter().step_by(2) {
         assert!(env.store.pay(id).await.unwrap());
     }
     let mut consumer = env.start_consumer();
     let handled = consumer.next_n(20, Duration::from_secs(15)).await;
-    let cancelled = handled
-        .iter()
-        .filter(|h| h.outcome == Outcome::Cancelled)
-        .count();
-    let not_unpaid = handled
-        .iter()
-        .filter(|h| h.outcome == Outcome::NotUnpaid)
-        .count();
-    assert_eq!((cancelled, not_unpaid), (10, 10));
+    assert_eq!(count(&handled, Outcome::Cancelled), 10);
+    assert_eq!(count(&handled, Outcome::NotUnpaid), 10);
     for (i, (id, _)) in orders.iter().enumerate() {
         let (status, _, cancelled_at) = env.order(id).await;
         if i % 2 == 0 {
@@ -44,7 +31,6 @@ async fn paid_orders_stay_paid_and_cancelled_ones_stay_cancelled() {
             assert_eq!(env.order(id).await.0, "cancelled");
         }
     }
-    scheduler.close().await;
     consumer.stop().await;
     env.cleanup().await;
 }
@@ -52,9 +38,7 @@ async fn paid_orders_stay_paid_and_cancelled_ones_stay_cancelled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_message_twice_changes_nothing_the_second_time() {
     let env = World::new().await;
-    env.create_orders(&[("dup-1".into(), at_ms(-10))]).await;
-    let (_, due_at, _) = env.order("dup-1").await;
-    let dup_1 = message("dup-1", due_at);
+    let dup_1 = env.create_order("dup-1", -10).await;
 
     // The unit of work, twice.
     let first = env.store.cancel_unpaid(&[&dup_1]).await.unwrap();
@@ -65,15 +49,13 @@ async fn the_same_message_twice_changes_nothing_the_second_time() {
     assert_eq!(env.order("dup-1").await.2, cancelled_at);
 
     // And end to end: the broker delivers it twice (and once more in one batch).
-    env.create_orders(&[("dup-2".into(), at_ms(-10))]).await;
-    let dup_2 = message("dup-2", env.order("dup-2").await.1);
+    let dup_2 = env.create_order("dup-2", -10).await;
     let mut consumer = env.start_consumer();
     env.publish_message(&dup_2).await;
     let handled = consumer.next_n(1, Duration::from_secs(10)).await;
     assert_eq!(handled[0].outcome, Outcome::Cancelled);
     let cancelled_at = env.order("dup-2").await.2;
-    env.publish_message(&dup_2).await;
-    env.publish_message(&dup_2).await;
+    env.publish_messages(&[dup_2.clone(), dup_2]).await;
     let handled = consumer.next_n(2, Duration::from_secs(10)).await;
     assert!(handled.iter().all(|h| h.outcome == Outcome::NotUnpaid));
     assert_eq!(env.order("dup-2").await.2, cancelled_at);

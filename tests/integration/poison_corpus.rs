@@ -1,42 +1,137 @@
-//! Scenario 5, the poison corpus: one table of bad messages, each parked exactly
-//! once with a precise reason and its body intact, none retried, and the good
+//! The poison corpus: one table of bad messages, each parked exactly once
+//! with a precise reason and its body intact, none retried, and the good
 //! messages between them cancelled as usual.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use lapin::BasicProperties;
-use lapin::types::AMQPValue;
 use order_expiry::service::Outcome;
-use order_expiry_testkit::{World, at_ms};
+use order_expiry_testkit::{World, at_ms, count};
+
+use Reason::{Is, StartsWith};
 
 const DUE: &str = "2026-01-01T00:00:00.000Z";
 
 /// How the parked reason must read.
 enum Reason {
-    Exactly(&'static str),
+    Is(&'static str),
     StartsWith(&'static str),
 }
 
-struct Case {
-    name: &'static str,
-    body: Vec<u8>,
-    content_type: Option<&'static str>,
-    reason: Reason,
-}
+/// Bad `application/json` bodies, `DUE` standing for [`DUE`]: (name, body,
+/// reason).
+const BAD_JSON: &[(&str, &str, Reason)] = &[
+    ("empty body", "", Is("empty body")),
+    (
+        "invalid JSON",
+        r#"{"v":1,"order_id":"#,
+        StartsWith("body is not valid JSON: "),
+    ),
+    ("array", "[1,2,3]", Is("body is JSON but not an object")),
+    ("null", "null", Is("body is JSON but not an object")),
+    (
+        "v is a string",
+        r#"{"v":"1","order_id":"a","due_at":"DUE"}"#,
+        Is(r#"field "v" must be an integer"#),
+    ),
+    (
+        "order_id is a number",
+        r#"{"v":1,"order_id":42,"due_at":"DUE"}"#,
+        Is(r#"field "order_id" must be a string"#),
+    ),
+    (
+        "due_at is a number",
+        r#"{"v":1,"order_id":"a","due_at":1767225600}"#,
+        Is(r#"field "due_at" must be a string"#),
+    ),
+    (
+        "missing v",
+        r#"{"order_id":"a","due_at":"DUE"}"#,
+        Is(r#"missing field "v""#),
+    ),
+    (
+        "missing order_id",
+        r#"{"v":1,"due_at":"DUE"}"#,
+        Is(r#"missing field "order_id""#),
+    ),
+    (
+        "null order_id",
+        r#"{"v":1,"order_id":null,"due_at":"DUE"}"#,
+        Is(r#"missing field "order_id""#),
+    ),
+    (
+        "missing due_at",
+        r#"{"v":1,"order_id":"a"}"#,
+        Is(r#"missing field "due_at""#),
+    ),
+    (
+        "unknown version 3",
+        r#"{"v":3,"order_id":"a","due_at":"DUE"}"#,
+        Is("unknown version 3"),
+    ),
+    (
+        "v2 without its orders list",
+        r#"{"v":2,"order_id":"a","due_at":"DUE"}"#,
+        Is(r#"missing field "orders""#),
+    ),
+    (
+        "v2 with an empty orders list",
+        r#"{"v":2,"orders":[]}"#,
+        Is("a v2 bundle with no orders"),
+    ),
+    (
+        "version 1.5",
+        r#"{"v":1.5,"order_id":"a","due_at":"DUE"}"#,
+        Is("unknown version 1.5"),
+    ),
+    (
+        "empty order id",
+        r#"{"v":1,"order_id":"","due_at":"DUE"}"#,
+        Is("invalid order_id: it is empty"),
+    ),
+    (
+        "order id with NUL",
+        r#"{"v":1,"order_id":"ab\u0000c","due_at":"DUE"}"#,
+        Is("invalid order_id: it contains a control character at character 2"),
+    ),
+    (
+        "order id with newline",
+        r#"{"v":1,"order_id":"a\nb","due_at":"DUE"}"#,
+        Is("invalid order_id: it contains a control character at character 1"),
+    ),
+    (
+        "order id with DEL",
+        r#"{"v":1,"order_id":"\u007f","due_at":"DUE"}"#,
+        Is("invalid order_id: it contains a control character at character 0"),
+    ),
+    (
+        "due_at not a time",
+        r#"{"v":1,"order_id":"a","due_at":"tomorrow"}"#,
+        StartsWith(r#"invalid due_at "tomorrow": "#),
+    ),
+    (
+        "due_at without offset",
+        r#"{"v":1,"order_id":"a","due_at":"2026-01-01T00:00:00"}"#,
+        StartsWith(r#"invalid due_at "2026-01-01T00:00:00": "#),
+    ),
+    (
+        "due_at in year 10000 in UTC",
+        r#"{"v":1,"order_id":"a","due_at":"9999-12-31T23:59:59-01:00"}"#,
+        Is(r#"invalid due_at "9999-12-31T23:59:59-01:00": outside the years 0000-9999 in UTC"#),
+    ),
+];
 
-fn json_case(name: &'static str, body: String, reason: Reason) -> Case {
-    Case {
-        name,
-        body: body.into_bytes(),
-        content_type: Some("application/json"),
-        reason,
-    }
-}
+/// (name, body, content type, reason).
+type Case = (&'static str, Vec<u8>, &'static str, &'static Reason);
 
 fn corpus() -> Vec<Case> {
-    use Reason::{Exactly, StartsWith};
+    const JSON: &str = "application/json";
     let valid = |id: &str| format!(r#"{{"v":1,"order_id":"{id}","due_at":"{DUE}"}}"#);
+    let mut cases: Vec<Case> = BAD_JSON
+        .iter()
+        .map(|(name, body, reason)| (*name, body.replace("DUE", DUE).into_bytes(), JSON, reason))
+        .collect();
     let mut big = valid("big").into_bytes();
     big.truncate(big.len() - 1);
     big.extend(format!(r#","pad":"{}"}}"#, "x".repeat(16_384)).into_bytes());
@@ -45,163 +140,57 @@ fn corpus() -> Vec<Case> {
         "[".repeat(1000),
         "]".repeat(1000)
     );
-    let mut cases = vec![
-        json_case("empty body", String::new(), Exactly("empty body")),
-        json_case(
-            "invalid JSON",
-            r#"{"v":1,"order_id":"#.into(),
-            StartsWith("body is not valid JSON: "),
-        ),
-        json_case(
+    let future = format!(
+        r#"{{"v":1,"order_id":"future","due_at":"{}"}}"#,
+        at_ms(3_600_000).to_rfc3339()
+    );
+    let not_json = &StartsWith("body is not valid JSON: ");
+    let utf8 = b"{\"v\":1,\"order_id\":\"\xc3\x28\",\"due_at\":\"x\"}".to_vec();
+    cases.extend([
+        (
             "byte order mark",
-            format!("\u{feff}{}", valid("bom")),
-            StartsWith("body is not valid JSON: "),
+            format!("\u{feff}{}", valid("bom")).into_bytes(),
+            JSON,
+            not_json,
         ),
-        json_case(
+        (
             "nested too deep",
-            deep,
-            StartsWith("body is not valid JSON: recursion limit exceeded"),
+            deep.into_bytes(),
+            JSON,
+            &StartsWith("body is not valid JSON: recursion limit exceeded"),
         ),
-        json_case(
-            "array",
-            "[1,2,3]".into(),
-            Exactly("body is JSON but not an object"),
-        ),
-        json_case(
-            "null",
-            "null".into(),
-            Exactly("body is JSON but not an object"),
-        ),
-        json_case(
-            "v is a string",
-            format!(r#"{{"v":"1","order_id":"a","due_at":"{DUE}"}}"#),
-            Exactly(r#"field "v" must be an integer"#),
-        ),
-        json_case(
-            "order_id is a number",
-            format!(r#"{{"v":1,"order_id":42,"due_at":"{DUE}"}}"#),
-            Exactly(r#"field "order_id" must be a string"#),
-        ),
-        json_case(
-            "due_at is a number",
-            r#"{"v":1,"order_id":"a","due_at":1767225600}"#.into(),
-            Exactly(r#"field "due_at" must be a string"#),
-        ),
-        json_case(
-            "missing v",
-            format!(r#"{{"order_id":"a","due_at":"{DUE}"}}"#),
-            Exactly(r#"missing field "v""#),
-        ),
-        json_case(
-            "missing order_id",
-            format!(r#"{{"v":1,"due_at":"{DUE}"}}"#),
-            Exactly(r#"missing field "order_id""#),
-        ),
-        json_case(
-            "null order_id",
-            format!(r#"{{"v":1,"order_id":null,"due_at":"{DUE}"}}"#),
-            Exactly(r#"missing field "order_id""#),
-        ),
-        json_case(
-            "missing due_at",
-            r#"{"v":1,"order_id":"a"}"#.into(),
-            Exactly(r#"missing field "due_at""#),
-        ),
-        json_case(
-            "unknown version 3",
-            format!(r#"{{"v":3,"order_id":"a","due_at":"{DUE}"}}"#),
-            Exactly("unknown version 3"),
-        ),
-        json_case(
-            "v2 without its orders list",
-            format!(r#"{{"v":2,"order_id":"a","due_at":"{DUE}"}}"#),
-            Exactly(r#"missing field "orders""#),
-        ),
-        json_case(
-            "v2 with an empty orders list",
-            r#"{"v":2,"orders":[]}"#.into(),
-            Exactly("a v2 bundle with no orders"),
-        ),
-        json_case(
-            "version 1.5",
-            format!(r#"{{"v":1.5,"order_id":"a","due_at":"{DUE}"}}"#),
-            Exactly("unknown version 1.5"),
-        ),
-        json_case(
-            "empty order id",
-            format!(r#"{{"v":1,"order_id":"","due_at":"{DUE}"}}"#),
-            Exactly("invalid order_id: it is empty"),
-        ),
-        json_case(
+        (
             "order id of 129 characters",
-            valid(&"x".repeat(129)),
-            Exactly("invalid order_id: 129 characters is more than 128"),
+            valid(&"x".repeat(129)).into_bytes(),
+            JSON,
+            &Is("invalid order_id: 129 characters is more than 128"),
         ),
-        json_case(
-            "order id with NUL",
-            valid(r"ab\u0000c"),
-            Exactly("invalid order_id: it contains a control character at character 2"),
-        ),
-        json_case(
-            "order id with newline",
-            valid(r"a\nb"),
-            Exactly("invalid order_id: it contains a control character at character 1"),
-        ),
-        json_case(
-            "order id with DEL",
-            valid(r"\u007f"),
-            Exactly("invalid order_id: it contains a control character at character 0"),
-        ),
-        json_case(
-            "due_at not a time",
-            r#"{"v":1,"order_id":"a","due_at":"tomorrow"}"#.into(),
-            StartsWith(r#"invalid due_at "tomorrow": "#),
-        ),
-        json_case(
-            "due_at without offset",
-            r#"{"v":1,"order_id":"a","due_at":"2026-01-01T00:00:00"}"#.into(),
-            StartsWith(r#"invalid due_at "2026-01-01T00:00:00": "#),
-        ),
-        json_case(
-            "due_at in year 10000 in UTC",
-            r#"{"v":1,"order_id":"a","due_at":"9999-12-31T23:59:59-01:00"}"#.into(),
-            Exactly(
-                r#"invalid due_at "9999-12-31T23:59:59-01:00": outside the years 0000-9999 in UTC"#,
-            ),
-        ),
-        json_case(
+        (
             "due far in the future (did not come through the ladder)",
-            format!(
-                r#"{{"v":1,"order_id":"future","due_at":"{}"}}"#,
-                at_ms(3_600_000).to_rfc3339()
-            ),
-            StartsWith("arrived 3"),
+            future.into_bytes(),
+            JSON,
+            &StartsWith("arrived 3"),
         ),
-    ];
-    cases.push(Case {
-        name: "body over 16 KiB",
-        body: big,
-        content_type: Some("application/json"),
-        reason: StartsWith("body of 16"),
-    });
-    cases.push(Case {
-        name: "invalid UTF-8",
-        body: b"{\"v\":1,\"order_id\":\"\xc3\x28\",\"due_at\":\"x\"}".to_vec(),
-        content_type: Some("application/json"),
-        reason: Exactly("body is not valid UTF-8 (at byte 19)"),
-    });
-    cases.push(Case {
-        name: "wrong content type",
-        body: valid("text").into_bytes(),
-        content_type: Some("text/plain"),
-        reason: Exactly(r#"content type "text/plain" is not application/json"#),
-    });
-    cases.push(Case {
-        name: "XML content type",
-        body: valid("xml").into_bytes(),
-        content_type: Some("application/xml"),
-        reason: Exactly(r#"content type "application/xml" is not application/json"#),
-    });
+        ("body over 16 KiB", big, JSON, &StartsWith("body of 16")),
+        (
+            "invalid UTF-8",
+            utf8,
+            JSON,
+            &Is("body is not valid UTF-8 (at byte 19)"),
+        ),
+        (
+            "wrong content type",
+            valid("text").into_bytes(),
+            "text/plain",
+            &Is(r#"content type "text/plain" is not application/json"#),
+        ),
+        (
+            "XML content type",
+            valid("xml").into_bytes(),
+            "application/xml",
+            &Is(r#"content type "application/xml" is not application/json"#),
+        ),
+    ]);
     cases
 }
 
@@ -217,12 +206,11 @@ async fn every_poison_message_is_parked_once_with_a_precise_reason() {
     env.create_orders(&good_orders).await;
     let mut consumer = env.start_consumer();
 
-    for (i, case) in cases.iter().enumerate() {
-        let mut properties = BasicProperties::default().with_message_id(format!("case-{i}").into());
-        if let Some(ct) = case.content_type {
-            properties = properties.with_content_type(ct.into());
-        }
-        env.publish_due(&case.body, properties).await;
+    for (i, (_, body, content_type, _)) in cases.iter().enumerate() {
+        let properties = BasicProperties::default()
+            .with_message_id(format!("case-{i}").into())
+            .with_content_type((*content_type).into());
+        env.publish_due(body, properties).await;
         if i % 3 == 2 || i == cases.len() - 1 {
             let n = i / 3;
             let due = env.order(&good_ids[n]).await.1;
@@ -244,16 +232,8 @@ async fn every_poison_message_is_parked_once_with_a_precise_reason() {
     let handled = consumer
         .next_n(cases.len() + good_ids.len(), Duration::from_secs(20))
         .await;
-    let parked = handled
-        .iter()
-        .filter(|h| h.outcome == Outcome::Parked)
-        .count();
-    let cancelled = handled
-        .iter()
-        .filter(|h| h.outcome == Outcome::Cancelled)
-        .count();
-    assert_eq!(parked, cases.len(), "{handled:?}");
-    assert_eq!(cancelled, good_ids.len(), "{handled:?}");
+    assert_eq!(count(&handled, Outcome::Parked), cases.len(), "{handled:?}");
+    assert_eq!(count(&handled, Outcome::Cancelled), good_ids.len());
     for id in &good_ids {
         assert_eq!(env.order(id).await.0, "cancelled", "{id}");
     }
@@ -264,41 +244,29 @@ async fn every_poison_message_is_parked_once_with_a_precise_reason() {
 
     // Each bad message is parked exactly once, intact, with its reason.
     let mut found: HashMap<String, (Vec<u8>, String, usize)> = HashMap::new();
-    while let Some(message) = env.get(&env.ladder().parked_queue()).await {
-        let properties = &message.delivery.properties;
-        let id = properties
-            .message_id()
-            .as_ref()
-            .map(|m| m.to_string())
-            .expect("message_id kept");
-        let headers = properties.headers().clone().unwrap_or_default();
-        let reason = match headers.inner().get("x-parked-reason") {
-            Some(AMQPValue::LongString(s)) => s.to_string(),
-            other => panic!("{id}: no x-parked-reason: {other:?}"),
-        };
-        assert!(headers.inner().contains_key("x-parked-at"), "{id}");
-        assert!(
-            headers.inner().contains_key("x-original-routing-key"),
-            "{id}"
-        );
-        let entry = found
-            .entry(id)
-            .or_insert((message.delivery.data.clone(), reason, 0));
-        entry.2 += 1;
+    for parked in env.parked().await {
+        let id = parked.message_id.expect("message_id kept");
+        assert!(parked.headers.inner().contains_key("x-parked-at"), "{id}");
+        let routing_key = parked
+            .headers
+            .inner()
+            .contains_key("x-original-routing-key");
+        assert!(routing_key, "{id}");
+        found.entry(id).or_insert((parked.body, parked.reason, 0)).2 += 1;
     }
     let mut report = Vec::new();
-    for (i, case) in cases.iter().enumerate() {
+    for (i, (name, case_body, _, expected)) in cases.iter().enumerate() {
         let (body, reason, times) = found
             .get(&format!("case-{i}"))
-            .unwrap_or_else(|| panic!("{}: not parked", case.name));
-        assert_eq!(*times, 1, "{}: parked {times} times", case.name);
-        assert_eq!(body, &case.body, "{}: body not intact", case.name);
-        let precise = match case.reason {
-            Reason::Exactly(expected) => reason == expected,
-            Reason::StartsWith(expected) => reason.starts_with(expected),
+            .unwrap_or_else(|| panic!("{name}: not parked"));
+        assert_eq!(*times, 1, "{name}: parked {times} times");
+        assert_eq!(body, case_body, "{name}: body not intact");
+        let precise = match expected {
+            Is(expected) => reason == expected,
+            StartsWith(expected) => reason.starts_with(expected),
         };
-        assert!(precise, "{}: reason {reason:?}", case.name);
-        report.push(format!("{}: {reason}", case.name));
+        assert!(precise, "{name}: reason {reason:?}");
+        report.push(format!("{name}: {reason}"));
     }
     assert_eq!(found.len(), cases.len());
     eprintln!(

@@ -19,13 +19,12 @@
 //! parked message without it is gone after 20 looks).
 
 use lapin::options::{
-    BasicGetOptions, BasicNackOptions, BasicPublishOptions, BasicRejectOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
+    BasicGetOptions, BasicNackOptions, BasicPublishOptions, BasicRejectOptions, QueueDeclareOptions,
 };
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::AMQPValue;
 use lapin::{BasicProperties, Channel};
 use order_expiry::topology::definitions_json;
-use order_expiry_testkit::{World, broker_version, rabbitmqctl, vhost};
+use order_expiry_testkit::{World, broker_version, rabbitmqctl, table, vhost};
 use serde_json::Value;
 
 const RETURNS: usize = 25;
@@ -56,37 +55,14 @@ async fn a_parked_message_survives_25_returns_under_the_exported_policy() {
     ]);
 
     let channel = env.channel().await;
-    channel
-        .basic_publish(
-            ladder.parked_exchange().as_str().into(),
-            "".into(),
-            BasicPublishOptions::default(),
-            b"{parked}",
-            BasicProperties::default(),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
     let queue = ladder.parked_queue();
+    publish(&channel, &queue, b"{parked}").await;
     for look in 1..=RETURNS {
-        let mut got = None;
-        for _ in 0..50 {
-            got = channel
-                .basic_get(queue.as_str().into(), BasicGetOptions::default())
-                .await
-                .unwrap();
-            if got.is_some() {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        let got = get(&channel, &queue).await;
         let got =
             got.unwrap_or_else(|| panic!("the parked message is gone after {} returns", look - 1));
-        got.delivery
-            .reject(BasicRejectOptions { requeue: true })
-            .await
-            .unwrap();
+        let requeue = BasicRejectOptions { requeue: true };
+        assert!(got.delivery.reject(requeue).await.unwrap(), "rejected");
     }
     let _ = rabbitmqctl(&["-q", "clear_policy", "-p", &vhost(), name]);
     env.cleanup().await;
@@ -144,16 +120,11 @@ async fn what_counts_towards_the_delivery_limit_on_each_broker() {
     let channel = env.channel().await;
     for how in [Return::Nack, Return::Reject, Return::CloseChannel] {
         let queue = format!("{}.limit-{how:?}", env.ladder().prefix());
-        let mut arguments = FieldTable::default();
-        arguments.insert(
-            "x-queue-type".into(),
-            AMQPValue::LongString("quorum".into()),
-        );
-        arguments.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(2));
-        let durable = QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        };
+        let arguments = table([
+            ("x-queue-type", AMQPValue::LongString("quorum".into())),
+            ("x-delivery-limit", AMQPValue::LongLongInt(2)),
+        ]);
+        let durable = QueueDeclareOptions::durable();
         channel
             .queue_declare(queue.as_str().into(), durable, arguments)
             .await
@@ -166,18 +137,14 @@ async fn what_counts_towards_the_delivery_limit_on_each_broker() {
                 break;
             };
             headers.push(counts(&got.delivery.properties));
+            let (requeue, multiple) = (true, false);
             let returned = match how {
                 Return::Nack => {
-                    let requeue = BasicNackOptions {
-                        requeue: true,
-                        ..Default::default()
-                    };
-                    got.delivery.nack(requeue).await
+                    got.delivery
+                        .nack(BasicNackOptions { requeue, multiple })
+                        .await
                 }
-                Return::Reject => {
-                    let requeue = BasicRejectOptions { requeue: true };
-                    got.delivery.reject(requeue).await
-                }
+                Return::Reject => got.delivery.reject(BasicRejectOptions { requeue }).await,
                 Return::CloseChannel => Ok(true),
             };
             assert!(returned.unwrap(), "{how:?} was sent");
@@ -202,10 +169,7 @@ async fn what_counts_towards_the_delivery_limit_on_each_broker() {
             headers, want,
             "{how:?} on RabbitMQ {version}: (x-delivery-count, x-acquired-count) per delivery"
         );
-        channel
-            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-            .await
-            .unwrap();
+        env.delete_queue(&queue).await;
     }
     env.cleanup().await;
 }

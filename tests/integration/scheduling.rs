@@ -51,7 +51,7 @@ async fn schedule_to_an_exchange_that_does_not_route_is_an_error() {
         .await
         .exchange_delete(ladder.due_exchange().as_str().into(), Default::default())
         .await;
-    let working = Scheduler::from_settings(&env.settings).unwrap();
+    let working = env.scheduler();
     working.schedule("o-3", at_ms(1_000)).await.unwrap();
     scheduler.close().await;
     working.close().await;
@@ -61,7 +61,7 @@ async fn schedule_to_an_exchange_that_does_not_route_is_an_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schedule_rejects_bad_input_before_publishing() {
     let env = World::new().await;
-    let scheduler = Scheduler::from_settings(&env.settings).unwrap();
+    let scheduler = env.scheduler();
     let max = env.ladder().max_delay_secs() as i64;
     assert!(matches!(
         scheduler.schedule("o", at_ms((max + 2) * 1000)).await,
@@ -84,7 +84,7 @@ async fn schedule_rejects_bad_input_before_publishing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_due_time_in_the_past_is_delivered_at_once() {
     let env = World::new().await;
-    let scheduler = Scheduler::from_settings(&env.settings).unwrap();
+    let scheduler = env.scheduler();
     let scheduled = scheduler.schedule("past-1", at_ms(-60_000)).await.unwrap();
     assert_eq!(scheduled.route.exchange, env.ladder().due_exchange());
     assert_eq!(env.depth(&env.ladder().due_queue()).await, 1);

@@ -7,17 +7,13 @@
 use std::time::{Duration, Instant};
 
 use order_expiry::{service::Service, service::Sweeper};
-use order_expiry_testkit::{World, at_ms};
+use order_expiry_testkit::{World, at_ms, eventually, orders, schedule_all};
 use tokio_util::sync::CancellationToken;
 
 const GRACE_MS: i64 = 1500;
 const INTERVAL_MS: u64 = 200;
 /// A sweep statement's own time and this test's polling, on a busy laptop.
 const SWEEP_SLACK: Duration = Duration::from_millis(1000);
-
-async fn status(env: &World, id: &str) -> String {
-    env.order(id).await.0
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sweeper_cancels_overdue_unpaid_orders_that_never_got_a_message() {
@@ -28,9 +24,7 @@ async fn the_sweeper_cancels_overdue_unpaid_orders_that_never_got_a_message() {
     env.settings.sweeper.batch_max = 7; // several statements per sweep
 
     // No message was ever scheduled for any of these.
-    let lost: Vec<_> = (0..20)
-        .map(|i| (format!("lost-{i}"), at_ms(-GRACE_MS - 5000 - i)))
-        .collect();
+    let lost = orders("lost", 20, |i| at_ms(-GRACE_MS - 5000 - i as i64));
     env.create_orders(&lost).await;
     env.create_orders(&[
         ("paid-overdue".into(), at_ms(-GRACE_MS - 5000)),
@@ -45,20 +39,7 @@ async fn the_sweeper_cancels_overdue_unpaid_orders_that_never_got_a_message() {
     let started = Instant::now();
     let task = tokio::spawn(service.run(stop.clone()));
 
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let mut left = 0;
-        for (id, _) in &lost {
-            if status(&env, id).await != "cancelled" {
-                left += 1;
-            }
-        }
-        if left == 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{left} lost orders never swept");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    env.wait_cancelled(&lost, Duration::from_secs(10)).await;
     let swept_in = started.elapsed();
     // Overdue by more than the grace at start: the first sweep (at start-up)
     // or the next one takes them.
@@ -67,11 +48,8 @@ async fn the_sweeper_cancels_overdue_unpaid_orders_that_never_got_a_message() {
         "orders long overdue swept only {swept_in:?} after start"
     );
     // The one within its grace period is swept only once the grace has passed.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while status(&env, "in-grace").await != "cancelled" {
-        assert!(Instant::now() < deadline, "in-grace order never swept");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    env.wait_cancelled(&["in-grace"], Duration::from_secs(10))
+        .await;
     let (_, deadline_at, cancelled_at) = env.order("in-grace").await;
     let after = cancelled_at.unwrap() - deadline_at;
     assert!(
@@ -84,8 +62,8 @@ async fn the_sweeper_cancels_overdue_unpaid_orders_that_never_got_a_message() {
         after.to_std().unwrap() <= latest,
         "swept {after} after its deadline (at most {latest:?})"
     );
-    assert_eq!(status(&env, "paid-overdue").await, "paid");
-    assert_eq!(status(&env, "not-due").await, "unpaid");
+    assert_eq!(env.order("paid-overdue").await.0, "paid");
+    assert_eq!(env.order("not-due").await.0, "unpaid");
 
     stop.cancel();
     tokio::time::timeout(Duration::from_secs(15), task)
@@ -123,7 +101,7 @@ async fn a_sweep_uses_the_atomic_statement_and_a_disabled_sweeper_does_nothing()
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.cancel();
     task.await.unwrap();
-    assert_eq!(status(&env, "old-1").await, "unpaid");
+    assert_eq!(env.order("old-1").await.0, "unpaid");
 
     // One sweep by hand: exactly the overdue unpaid ones, once.
     let sweeper = Sweeper::new(&env.settings.sweeper, env.store.clone());
@@ -131,7 +109,7 @@ async fn a_sweep_uses_the_atomic_statement_and_a_disabled_sweeper_does_nothing()
     swept.sort();
     assert_eq!(swept, ["old-1", "old-2"]);
     assert!(sweeper.sweep_once().await.unwrap().is_empty());
-    assert_eq!(status(&env, "old-paid").await, "paid");
+    assert_eq!(env.order("old-paid").await.0, "paid");
     env.cleanup().await;
 }
 
@@ -145,43 +123,29 @@ async fn a_healthy_run_sweeps_nothing() {
     let mut env = World::new().await;
     env.settings.sweeper = order_expiry::Settings::default().sweeper;
     assert!(env.settings.sweeper.enabled, "the sweeper is on by default");
-    let served = env.serve(&[]).await;
-    served.wait_ready(Duration::from_secs(30)).await;
+    let served = env.serve_ready(&[]).await;
 
     // Due every 25 ms from 1 s to 4 s; every fourth paid.
-    let orders: Vec<_> = (0..ORDERS)
-        .map(|i| (format!("healthy-{i}"), at_ms(1000 + i as i64 * 25)))
-        .collect();
+    let orders = orders("healthy", ORDERS, |i| at_ms(1000 + i as i64 * 25));
     env.create_orders(&orders).await;
     for (id, _) in orders.iter().step_by(4) {
         assert!(env.store.pay(id).await.unwrap());
     }
-    let scheduler = env.scheduler();
-    let scheduled = scheduler
-        .schedule_many(orders.iter().map(|(id, due)| (id.clone(), *due)))
-        .await;
-    assert!(scheduled.iter().all(Result::is_ok), "all scheduled");
+    schedule_all(env.scheduler(), &orders).await;
 
     let unpaid = ORDERS - ORDERS.div_ceil(4);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let cancelled = loop {
-        let cancelled = served
-            .metric("order_expiry_messages_total{outcome=\"cancelled\"}")
-            .await;
-        if cancelled >= unpaid as f64 {
-            break cancelled;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "only {cancelled} of {unpaid} cancelled"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let series = "order_expiry_messages_total{outcome=\"cancelled\"}";
+    eventually(
+        Duration::from_secs(20),
+        "every unpaid order cancelled",
+        async || served.metric(series).await >= unpaid as f64,
+    )
+    .await;
     // Past the last due time by more than grace + interval: a sweep that was
     // going to take anything has run.
     let default = order_expiry::Settings::default().sweeper;
     tokio::time::sleep(default.grace + default.interval).await;
-    assert_eq!(cancelled, unpaid as f64);
+    assert_eq!(served.metric(series).await, unpaid as f64);
     for (i, (id, due)) in orders.iter().enumerate() {
         let (status, _, cancelled_at) = env.order(id).await;
         if i % 4 == 0 {
@@ -192,7 +156,6 @@ async fn a_healthy_run_sweeps_nothing() {
         }
     }
     served.assert_nothing_swept().await;
-    scheduler.close().await;
     drop(served);
     env.cleanup().await;
 }
