@@ -183,6 +183,27 @@ impl WorldBuilder {
         self
     }
 
+    /// The settings a world would start from, the test services made ready:
+    /// for a benchmark that builds worlds of its own on them.
+    pub async fn base_settings(self) -> Settings {
+        if self.test_services {
+            services::ensure_test_vhost_and_database().await;
+        }
+        self.settings
+    }
+
+    /// Builds the world, runs `body` in it and removes it, whatever `body`
+    /// returned: a benchmark's run in a world of its own.
+    pub async fn run<T>(
+        self,
+        body: impl AsyncFnOnce(&World) -> anyhow::Result<T>,
+    ) -> anyhow::Result<T> {
+        let world = self.build().await?;
+        let result = body(&world).await;
+        world.cleanup().await;
+        result
+    }
+
     /// Creates the schema and the orders table, then declares the topology.
     /// Nothing is left behind when it fails.
     pub async fn build(self) -> anyhow::Result<World> {
@@ -391,6 +412,13 @@ impl World {
             .remove(id)
             .expect("the order exists");
         (row.status, row.pay_deadline, row.cancelled_at)
+    }
+
+    /// How many of the world's orders have `status`.
+    pub async fn count_orders(&self, status: &str) -> anyhow::Result<i64> {
+        let client = self.store.client().await?;
+        let count = "SELECT count(*) FROM orders WHERE status = $1";
+        Ok(client.query_one(count, &[&status]).await?.try_get(0)?)
     }
 
     /// Every order of the world, by id.
