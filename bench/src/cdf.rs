@@ -1,4 +1,5 @@
-//! The lateness benchmarks' output files, written alike: `<name>.json`, the
+//! The lateness benchmarks' figures and output files, alike: a
+//! [`Distribution`] of each row's lateness, and `<name>.json`, the
 //! report with every row's sorted lateness, and `<name>.svg`, each row's
 //! cumulative distribution of lateness on a logarithmic time axis (so
 //! milliseconds and tens of seconds fit one chart), at most 2,000 points a
@@ -6,16 +7,87 @@
 
 use std::path::{Path, PathBuf};
 
+use chrono::{DateTime, Utc};
+use order_expiry_testkit::World;
 use plotters::prelude::*;
 use serde::Serialize;
 
-use crate::plot_error;
+use crate::{percentile, plot_error};
 
 /// Points drawn per curve at most.
 const POINTS: usize = 2_000;
 
 /// Lateness below this is drawn at it (the axis is logarithmic).
 const FLOOR_MS: f64 = 0.1;
+
+/// The lateness of a run's cancelled orders (`cancelled_at - due_at`), ms:
+/// the figures each lateness report prints, and the values its curve is
+/// drawn from.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Distribution {
+    /// Orders cancelled.
+    pub cancelled: usize,
+    /// Cancelled before their due time.
+    pub early: usize,
+    /// Median.
+    pub p50_ms: f64,
+    /// 90th percentile.
+    pub p90_ms: f64,
+    /// 99th percentile.
+    pub p99_ms: f64,
+    /// 99.9th percentile.
+    pub p999_ms: f64,
+    /// Worst.
+    pub max_ms: f64,
+    /// Every cancelled order's lateness, sorted.
+    #[serde(skip)]
+    pub sorted_ms: Vec<f64>,
+}
+
+impl Distribution {
+    /// The figures of every cancelled order's lateness, ms.
+    pub fn of(mut lateness_ms: Vec<f64>) -> Self {
+        lateness_ms.sort_by(f64::total_cmp);
+        let at = |p| percentile(&lateness_ms, p);
+        Self {
+            cancelled: lateness_ms.len(),
+            early: lateness_ms.iter().filter(|l| **l < 0.0).count(),
+            p50_ms: at(50.0),
+            p90_ms: at(90.0),
+            p99_ms: at(99.0),
+            p999_ms: at(99.9),
+            max_ms: lateness_ms.last().copied().unwrap_or(0.0),
+            sorted_ms: lateness_ms,
+        }
+    }
+
+    /// Its curve, labelled `<name>: p50 …, p99 …, max …, <also>early N`.
+    pub(crate) fn curve(&self, name: &str, also: &str) -> Curve<'_> {
+        let label = format!(
+            "{name}: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms, {also}early {}",
+            self.p50_ms, self.p99_ms, self.max_ms, self.early
+        );
+        Curve {
+            label,
+            lateness_ms: &self.sorted_ms,
+        }
+    }
+}
+
+/// `cancelled_at - pay_deadline` (ms) and `pay_deadline` of every cancelled
+/// order of `world` whose id is `LIKE id_pattern`.
+pub(crate) async fn cancelled(
+    world: &World,
+    id_pattern: &str,
+) -> anyhow::Result<Vec<(f64, DateTime<Utc>)>> {
+    let select = "SELECT extract(epoch FROM cancelled_at - pay_deadline)::float8 * 1000, \
+                  pay_deadline FROM orders WHERE id LIKE $1 AND status = 'cancelled'";
+    let client = world.store.client().await?;
+    let rows = client.query(select, &[&id_pattern]).await?;
+    rows.iter()
+        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+        .collect()
+}
 
 /// One row of a report as a curve: its legend and its sorted lateness.
 #[derive(Debug)]

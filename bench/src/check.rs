@@ -108,8 +108,9 @@ async fn measure(settings: &Settings, bench: Bench, cli: &str) -> anyhow::Result
     })
 }
 
-/// A subcommand's arguments from its command line.
-fn parse<A: Args>(cli: &str) -> anyhow::Result<A> {
+/// A subcommand's arguments from its command line (`"--orders 2000 --quiet"`),
+/// its defaults for the rest: how `check` and the tests state a run.
+pub fn parse<A: Args>(cli: &str) -> anyhow::Result<A> {
     #[derive(Parser)]
     struct One<A: Args> {
         #[command(flatten)]

@@ -20,6 +20,9 @@
 //!   was stated for, and the judging of a report against them.
 //! - [`check`]: every benchmark against its goals, one table, a non-zero exit
 //!   when one is missed.
+//! - [`cdf`]: the lateness figures of a run's cancelled orders and their
+//!   plot, shared by `lateness`, `flash` and `soak`; `markdown`: the
+//!   benchmarks' tables.
 //!
 //! Each run lives in its own isolated world (`order_expiry_testkit::World`:
 //! topology prefix and PostgreSQL schema), removed at the end.
@@ -28,11 +31,12 @@
 #![warn(missing_debug_implementations, unreachable_pub, missing_docs)]
 
 pub mod cancel;
-mod cdf;
+pub mod cdf;
 pub mod check;
 pub mod flash;
 pub mod goals;
 pub mod lateness;
+mod markdown;
 pub mod outbox;
 pub mod soak;
 pub mod throughput;

@@ -132,14 +132,10 @@ impl OutboxReport {
 /// Runs the benchmark in a world of its own based on `settings` (prefix
 /// `bench-ob-<id>`, its own schema), removed at the end.
 pub async fn measure(settings: &Settings, args: &OutboxArgs) -> anyhow::Result<OutboxReport> {
-    let world = World::builder()
-        .settings(settings.clone())
-        .kind("bench-ob")
-        .build()
-        .await?;
-    let report = measure_in(&world, args).await;
-    world.cleanup().await;
-    report
+    let builder = World::builder().settings(settings.clone()).kind("bench-ob");
+    builder
+        .run(async |world| measure_in(world, args).await)
+        .await
 }
 
 async fn measure_in(world: &World, args: &OutboxArgs) -> anyhow::Result<OutboxReport> {

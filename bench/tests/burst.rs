@@ -18,35 +18,31 @@
 //! - the goal, on a quiet machine (`cargo test -p order-expiry-bench --test
 //!   burst -- --ignored`): p99 at most 20 ms and max at most 100 ms.
 
-use std::time::Duration;
-
+use order_expiry_bench::check::parse;
 use order_expiry_bench::lateness::{LatenessArgs, Report, measure, table};
 use order_expiry_testkit::World;
 
 async fn flash_sale() -> Report {
-    let env = World::builder().declare(false).build().await.unwrap();
-    let mut args = LatenessArgs::steady(
-        50,
-        Duration::from_secs(10),
-        Duration::from_secs(1),
-        Duration::from_secs(15),
-    );
-    args.burst = 2000;
-    args.burst_at = Duration::from_secs(3);
-    let mut settings = env.settings.clone();
-    settings.database.url = secrecy::SecretString::from(order_expiry_testkit::database_url(None));
+    let settings = World::builder().base_settings().await;
+    let args: LatenessArgs = parse(
+        "--rate 50 --duration 10s --min-delay 1s --max-delay 15s --burst 2000 --burst-at 3s \
+         --no-naive --quiet",
+    )
+    .unwrap();
     let report = measure(&settings, &args).await.expect("benchmark runs");
     eprintln!("{}", table(&report));
-    env.cleanup().await;
     let sale = &report.rows[1];
     assert_eq!(sale.design, "ladder, flash sale");
     assert!(
-        sale.cancelled > 1000,
+        sale.lateness.cancelled > 1000,
         "most sale orders are unpaid: {sale:?}"
     );
     for row in &report.rows {
         assert_eq!(row.missed, 0, "every unpaid order is cancelled: {row:?}");
-        assert_eq!(row.early, 0, "no order is cancelled early: {row:?}");
+        assert_eq!(
+            row.lateness.early, 0,
+            "no order is cancelled early: {row:?}"
+        );
     }
     report
 }
@@ -54,17 +50,17 @@ async fn flash_sale() -> Report {
 fn assert_within(report: &Report, p99_ms: f64, max_ms: f64) {
     for row in &report.rows {
         assert!(
-            row.p99_ms <= p99_ms && row.max_ms <= max_ms,
+            row.lateness.p99_ms <= p99_ms && row.lateness.max_ms <= max_ms,
             "{}: p99 {} ms (bound {p99_ms}), max {} ms (bound {max_ms})",
             row.design,
-            row.p99_ms,
-            row.max_ms
+            row.lateness.p99_ms,
+            row.lateness.max_ms
         );
     }
 }
 
 fn within_a_second(report: &Report) -> bool {
-    report.rows.iter().all(|row| row.p99_ms < 1000.0)
+    report.rows.iter().all(|row| row.lateness.p99_ms < 1000.0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -75,7 +71,12 @@ async fn a_flash_sale_is_never_early_never_missed_and_p99_is_under_a_second() {
         report = flash_sale().await;
     }
     for row in &report.rows {
-        assert!(row.p99_ms < 1000.0, "{}: p99 {} ms", row.design, row.p99_ms);
+        assert!(
+            row.lateness.p99_ms < 1000.0,
+            "{}: p99 {} ms",
+            row.design,
+            row.lateness.p99_ms
+        );
     }
 }
 

@@ -11,8 +11,7 @@
 //! 100 ms, max at most 1 s at 200,000 orders) is the benchmark's:
 //! `order-expiry-bench flash`, on a quiet machine.
 
-use std::time::Duration;
-
+use order_expiry_bench::check::parse;
 use order_expiry_bench::flash::{FlashArgs, measure, table};
 use order_expiry_testkit::World;
 
@@ -23,27 +22,34 @@ const BOUND_MS: f64 = 10_000.0;
 async fn a_small_flash_sale_is_cancelled_whole_never_early_and_within_ten_seconds() {
     // The test services and a 6-level ladder; the benchmark builds its own
     // world (prefix and schema) on top of these settings.
-    let env = World::builder().declare(false).build().await.unwrap();
-    let mut settings = env.settings.clone();
-    settings.database.url = secrecy::SecretString::from(order_expiry_testkit::database_url(None));
-    let args = FlashArgs::library(2_000, Duration::from_secs(2), Duration::from_secs(8));
+    let settings = World::builder().base_settings().await;
+    let args: FlashArgs = parse(
+        "--orders 2000 --within 2s --window 8s --path library --bundles on --sweeper off \
+         --settle 60s --quiet",
+    )
+    .unwrap();
     let report = measure(&settings, &args).await.expect("benchmark runs");
     eprintln!("{}", table(&report));
-    env.cleanup().await;
     let [sale] = report.rows.as_slice() else {
         panic!("one run: {:?}", report.rows);
     };
     assert_eq!(sale.lost, 0, "every order is cancelled: {sale:?}");
-    assert_eq!(sale.early, 0, "no order is cancelled early: {sale:?}");
-    assert_eq!(sale.cancelled, 2_000, "every order is cancelled: {sale:?}");
+    assert_eq!(
+        sale.lateness.early, 0,
+        "no order is cancelled early: {sale:?}"
+    );
+    assert_eq!(
+        sale.lateness.cancelled, 2_000,
+        "every order is cancelled: {sale:?}"
+    );
     assert_eq!(
         sale.swept, 0.0,
         "the sweeper is off: the ladder cancelled them"
     );
     assert!(
-        sale.max_ms < BOUND_MS,
+        sale.lateness.max_ms < BOUND_MS,
         "lateness max {} ms (p99 {} ms), bound {BOUND_MS} ms",
-        sale.max_ms,
-        sale.p99_ms
+        sale.lateness.max_ms,
+        sale.lateness.p99_ms
     );
 }

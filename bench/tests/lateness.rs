@@ -4,9 +4,8 @@
 //! p99 misses the second is measured once more, and the test fails when that
 //! one misses it too (one stall of a shared machine: see `burst.rs`).
 
-use std::time::Duration;
-
 use order_expiry::Settings;
+use order_expiry_bench::check::parse;
 use order_expiry_bench::lateness::{LatenessArgs, Row, measure, table};
 use order_expiry_testkit::World;
 
@@ -16,9 +15,12 @@ async fn steady_run(settings: &Settings, args: &LatenessArgs) -> Row {
     eprintln!("{}", table(&report));
     let ladder = report.rows[0].clone();
     assert_eq!(ladder.orders, 300);
-    assert!(ladder.cancelled > 150, "most orders are unpaid: {ladder:?}");
+    assert!(
+        ladder.lateness.cancelled > 150,
+        "most orders are unpaid: {ladder:?}"
+    );
     assert_eq!(ladder.missed, 0, "every unpaid order is cancelled");
-    assert_eq!(ladder.early, 0, "no order is cancelled early");
+    assert_eq!(ladder.lateness.early, 0, "no order is cancelled early");
     ladder
 }
 
@@ -26,21 +28,18 @@ async fn steady_run(settings: &Settings, args: &LatenessArgs) -> Row {
 async fn a_few_hundred_mixed_delays_are_never_early_and_p99_is_under_a_second() {
     // The test services, quick retries and a 6-level ladder; the benchmark
     // builds its own world (prefix and schema) on top of these settings.
-    let env = World::builder().declare(false).build().await.unwrap();
-    let args = LatenessArgs::steady(
-        60,
-        Duration::from_secs(5),
-        Duration::from_millis(500),
-        Duration::from_secs(12),
-    );
-    let mut settings = env.settings.clone();
-    // The benchmark's world makes its own schema in the database of these settings.
-    settings.database.url = secrecy::SecretString::from(order_expiry_testkit::database_url(None));
+    let settings = World::builder().base_settings().await;
+    let args: LatenessArgs =
+        parse("--rate 60 --duration 5s --min-delay 500ms --max-delay 12s --no-naive --quiet")
+            .unwrap();
     let mut ladder = steady_run(&settings, &args).await;
-    if ladder.p99_ms >= 1000.0 {
+    if ladder.lateness.p99_ms >= 1000.0 {
         eprintln!("p99 over a second (table above): measuring once more");
         ladder = steady_run(&settings, &args).await;
     }
-    assert!(ladder.p99_ms < 1000.0, "p99 {} ms", ladder.p99_ms);
-    env.cleanup().await;
+    assert!(
+        ladder.lateness.p99_ms < 1000.0,
+        "p99 {} ms",
+        ladder.lateness.p99_ms
+    );
 }

@@ -14,8 +14,7 @@
 //! it; a single row held up once by the database does not. The goal (p99 at most 50 ms at 1,000 rows/s) is the
 //! benchmark's: `order-expiry-bench outbox`, on a quiet machine.
 
-use std::time::Duration;
-
+use order_expiry_bench::check::parse;
 use order_expiry_bench::outbox::{OutboxArgs, measure, table};
 use order_expiry_testkit::World;
 
@@ -26,17 +25,9 @@ const BOUND_MS: f64 = 1000.0;
 async fn every_row_is_relayed_once_and_p99_waits_at_most_a_second() {
     // The test services and a 6-level ladder; the benchmark builds its own
     // world (prefix and schema) on top of these settings.
-    let env = World::builder().declare(false).build().await.unwrap();
-    let args = OutboxArgs {
-        rate: 500,
-        duration: Duration::from_secs(10),
-        warmup: Duration::from_secs(2),
-        writers: 8,
-        due_in: Duration::from_secs(30),
-        json: std::env::temp_dir().join("order-expiry-outbox-test.json"),
-    };
-    let mut settings = env.settings.clone();
-    settings.database.url = secrecy::SecretString::from(order_expiry_testkit::database_url(None));
+    let settings = World::builder().base_settings().await;
+    let args: OutboxArgs =
+        parse("--rate 500 --duration 10s --warmup 2s --writers 8 --due-in 30s").unwrap();
     let report = measure(&settings, &args).await.expect("benchmark runs");
     eprintln!("{}", table(&report));
     assert_eq!(report.committed, 5_000);
@@ -47,5 +38,4 @@ async fn every_row_is_relayed_once_and_p99_waits_at_most_a_second() {
         p99 <= BOUND_MS,
         "p99 commit to confirm {p99} ms (max {max} ms)"
     );
-    env.cleanup().await;
 }

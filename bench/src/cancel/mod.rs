@@ -21,7 +21,7 @@ use anyhow::{Context, ensure};
 use chrono::{DateTime, TimeDelta, Utc};
 use clap::Args;
 use order_expiry::{Settings, service::PgOrderStore, service::PooledClient};
-use order_expiry_testkit::World;
+use order_expiry_testkit::{World, WorldBuilder};
 use serde::Serialize;
 use tokio_postgres::Statement;
 
@@ -92,10 +92,8 @@ pub struct CancelRow {
 /// (no goal).
 pub async fn run(settings: &Settings, args: &CancelArgs) -> anyhow::Result<()> {
     if !args.slots.is_empty() {
-        let world = world(settings).await?;
-        let rows = slots::run(&world, args).await;
-        world.cleanup().await;
-        println!("{}", slots::table(&rows?, args.repetitions));
+        let rows = builder(settings).run(async |world| slots::run(world, args).await);
+        println!("{}", slots::table(&rows.await?, args.repetitions));
         return Ok(());
     }
     let rows = measure(settings, args).await?;
@@ -114,20 +112,16 @@ pub async fn measure(settings: &Settings, args: &CancelArgs) -> anyhow::Result<V
             && args.concurrency > 0,
         "batch sizes, orders, statements, repetitions and concurrency start at 1"
     );
-    let world = world(settings).await?;
-    let rows = measure_in(&world, args).await;
-    world.cleanup().await;
-    rows
+    let rows = builder(settings).run(async |world| measure_in(world, args).await);
+    rows.await
 }
 
 /// A world of the benchmark's own: its schema, no topology.
-async fn world(settings: &Settings) -> anyhow::Result<World> {
+fn builder(settings: &Settings) -> WorldBuilder {
     World::builder()
         .settings(settings.clone())
         .kind("bench-cancel")
         .declare(false)
-        .build()
-        .await
 }
 
 /// One repetition at one batch size: µs per order of each statement

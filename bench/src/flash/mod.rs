@@ -44,6 +44,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use order_expiry::Settings;
+use order_expiry_testkit::World;
 use secrecy::SecretString;
 use serde::Serialize;
 
@@ -104,28 +105,6 @@ pub struct FlashArgs {
     /// Only the table, no progress lines.
     #[arg(long)]
     pub quiet: bool,
-}
-
-impl FlashArgs {
-    /// One library-path run with bundles on (the default) and the sweeper off,
-    /// no files: what tests start from.
-    pub fn library(orders: usize, within: Duration, window: Duration) -> Self {
-        Self {
-            orders,
-            within,
-            window,
-            paths: vec![SalePath::Library],
-            bundles: Bundles::On,
-            sweeper: Switch::Off,
-            callers: 0,
-            amqp_url: None,
-            settle: Duration::from_secs(60),
-            out_dir: std::env::temp_dir(),
-            serve_bin: None,
-            broker_pid: None,
-            quiet: true,
-        }
-    }
 }
 
 /// How the orders of a sale reach the ladder.
@@ -228,9 +207,12 @@ pub async fn measure(settings: &Settings, args: &FlashArgs) -> anyhow::Result<Re
             if !args.quiet {
                 eprintln!("flash: {label}: {} orders", args.orders);
             }
-            let row = run::run_once(&settings, args, *path, *bundled, &binary, &broker)
-                .await
-                .with_context(|| label.clone())?;
+            let builder = World::builder().settings(settings.clone());
+            let run = async |world: &World| {
+                run::run_once(world, args, *path, *bundled, &binary, &broker).await
+            };
+            let row = builder.kind("bench-flash").run(run).await;
+            let row = row.with_context(|| label.clone())?;
             if !args.quiet {
                 eprintln!("{}", table::row_line(&row));
             }

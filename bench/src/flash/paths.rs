@@ -204,12 +204,8 @@ pub(super) async fn outbox(
 
 /// Waits until no order is unpaid, or `deadline`; the unpaid ones left.
 pub(super) async fn wait_settled(world: &World, deadline: Instant) -> anyhow::Result<i64> {
-    let client = world.store.client().await?;
     loop {
-        let unpaid: i64 = client
-            .query_one("SELECT count(*) FROM orders WHERE status = 'unpaid'", &[])
-            .await?
-            .try_get(0)?;
+        let unpaid = world.count_orders("unpaid").await?;
         if unpaid == 0 || Instant::now() > deadline {
             return Ok(unpaid);
         }

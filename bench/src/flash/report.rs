@@ -8,9 +8,8 @@ use serde::Serialize;
 
 use super::broker::Broker;
 use super::{FlashArgs, Switch};
-use crate::cdf::Curve;
+use crate::cdf::{Curve, Distribution};
 use crate::goals::Measurement;
-use crate::percentile;
 
 /// One run's figures.
 #[derive(Debug, Clone, Serialize)]
@@ -26,24 +25,15 @@ pub struct Row {
     pub scheduled_secs: f64,
     /// Orders over `scheduled_secs`.
     pub schedule_rate: f64,
-    /// Orders cancelled, by anyone.
-    pub cancelled: usize,
     /// Cancelled through the ladder: the rows serve's cancel statement marked.
     pub by_ladder: f64,
     /// Cancelled by the sweeper: the rows its sweep statement marked.
     pub swept: f64,
-    /// Cancelled before their due time.
-    pub early: usize,
     /// Still unpaid at the end: never cancelled.
     pub lost: usize,
-    /// Lateness, ms: median.
-    pub p50_ms: f64,
-    /// 99th percentile.
-    pub p99_ms: f64,
-    /// 99.9th percentile.
-    pub p999_ms: f64,
-    /// Worst.
-    pub max_ms: f64,
+    /// The lateness of the orders cancelled, by anyone.
+    #[serde(flatten)]
+    pub lateness: Distribution,
     /// Due messages per order (1 when serve has no `orders_per_message`).
     pub messages_per_order: f64,
     /// Whether serve had the `order_expiry_orders_per_message` histogram.
@@ -63,9 +53,6 @@ pub struct Row {
     pub batch_mean_orders: f64,
     /// The cancel statement's time per order at those batch sizes, µs.
     pub statement_us_per_order: f64,
-    /// Every cancelled order's lateness, sorted.
-    #[serde(skip)]
-    pub lateness_ms: Vec<f64>,
 }
 
 impl Row {
@@ -76,24 +63,18 @@ impl Row {
         bundles: bool,
         orders: usize,
         lost: usize,
-        mut lateness_ms: Vec<f64>,
+        lateness_ms: Vec<f64>,
     ) -> Self {
-        lateness_ms.sort_by(f64::total_cmp);
         Self {
             path: path.to_owned(),
             bundles,
             orders,
             scheduled_secs: 0.0,
             schedule_rate: 0.0,
-            cancelled: lateness_ms.len(),
             by_ladder: 0.0,
             swept: 0.0,
-            early: lateness_ms.iter().filter(|l| **l < 0.0).count(),
             lost,
-            p50_ms: percentile(&lateness_ms, 50.0),
-            p99_ms: percentile(&lateness_ms, 99.0),
-            p999_ms: percentile(&lateness_ms, 99.9),
-            max_ms: lateness_ms.last().copied().unwrap_or(0.0),
+            lateness: Distribution::of(lateness_ms),
             messages_per_order: 1.0,
             bundle_metric: false,
             broker_cpu_per_1000_s: None,
@@ -102,7 +83,6 @@ impl Row {
             arrived_over_100ms: 0.0,
             batch_mean_orders: 0.0,
             statement_us_per_order: 0.0,
-            lateness_ms,
         }
     }
 
@@ -114,21 +94,10 @@ impl Row {
         bundles: bool,
         orders: usize,
     ) -> anyhow::Result<Self> {
+        let cancelled = crate::cdf::cancelled(world, "%").await?;
+        let lateness = cancelled.into_iter().map(|(ms, _)| ms).collect();
+        let lost = world.count_orders("unpaid").await?;
         let client = world.store.client().await?;
-        let lateness: Vec<f64> = client
-            .query(
-                "SELECT extract(epoch FROM cancelled_at - pay_deadline)::float8 * 1000
-                 FROM orders WHERE status = 'cancelled'",
-                &[],
-            )
-            .await?
-            .iter()
-            .map(|r| r.try_get(0))
-            .collect::<Result<_, _>>()?;
-        let lost: i64 = client
-            .query_one("SELECT count(*) FROM orders WHERE status = 'unpaid'", &[])
-            .await?
-            .try_get(0)?;
         let marks = client
             .query_one(
                 "SELECT count(*) FILTER (WHERE cancelled_by = 'ladder'), \
@@ -140,10 +109,10 @@ impl Row {
         let (by_ladder, swept): (i64, i64) = (marks.try_get(0)?, marks.try_get(1)?);
         let mut row = Self::from_lateness(path, bundles, orders, usize::try_from(lost)?, lateness);
         anyhow::ensure!(
-            usize::try_from(by_ladder + swept)? == row.cancelled,
+            usize::try_from(by_ladder + swept)? == row.lateness.cancelled,
             "{} orders cancelled, {by_ladder} marked by the ladder and {swept} by the sweeper: \
              something else cancelled the rest",
-            row.cancelled
+            row.lateness.cancelled
         );
         row.by_ladder = by_ladder as f64;
         row.swept = swept as f64;
@@ -157,19 +126,8 @@ impl Row {
 
     /// The row in the lateness picture.
     pub(crate) fn curve(&self) -> Curve<'_> {
-        let label = format!(
-            "{}: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms, swept {:.0}, early {}",
-            self.label(),
-            self.p50_ms,
-            self.p99_ms,
-            self.max_ms,
-            self.swept,
-            self.early
-        );
-        Curve {
-            label,
-            lateness_ms: &self.lateness_ms,
-        }
+        let swept = format!("swept {:.0}, ", self.swept);
+        self.lateness.curve(&self.label(), &swept)
     }
 }
 
@@ -231,13 +189,13 @@ impl Report {
     pub fn measurements(&self) -> Vec<Measurement> {
         let mut out = Vec::new();
         for row in self.rows.iter().filter(|r| r.bundles) {
-            let p = &row.path;
+            let (p, l) = (&row.path, &row.lateness);
             out.extend([
                 Measurement::new(format!("{p}: swept"), row.swept),
-                Measurement::new(format!("{p}: cancelled early"), row.early as f64),
+                Measurement::new(format!("{p}: cancelled early"), l.early as f64),
                 Measurement::new(format!("{p}: lost"), row.lost as f64),
-                Measurement::new(format!("{p}: p99 lateness"), row.p99_ms),
-                Measurement::new(format!("{p}: max lateness"), row.max_ms),
+                Measurement::new(format!("{p}: p99 lateness"), l.p99_ms),
+                Measurement::new(format!("{p}: max lateness"), l.max_ms),
             ]);
         }
         out
@@ -302,7 +260,7 @@ mod tests {
             verdicts
                 .iter()
                 .filter(|v| !v.met)
-                .map(|v| v.goal.measure)
+                .map(|v| v.goal.measure.clone())
                 .collect::<Vec<_>>()
         };
         assert!(missed(row("cli", true, vec![5.0; 10], 0, 0.0)).is_empty());

@@ -36,26 +36,8 @@ async fn mark_who_cancels(world: &World, settings: &mut Settings) -> anyhow::Res
     Ok(())
 }
 
-/// One run in a world of its own, removed at the end.
+/// One run in `world`: its serve, its path, its figures.
 pub(super) async fn run_once(
-    settings: &Settings,
-    args: &FlashArgs,
-    path: SalePath,
-    bundled: bool,
-    binary: &Path,
-    broker: &Broker,
-) -> anyhow::Result<Row> {
-    let world = World::builder()
-        .settings(settings.clone())
-        .kind("bench-flash")
-        .build()
-        .await?;
-    let result = run_in(&world, args, path, bundled, binary, broker).await;
-    world.cleanup().await;
-    result
-}
-
-async fn run_in(
     world: &World,
     args: &FlashArgs,
     path: SalePath,

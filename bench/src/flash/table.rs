@@ -29,13 +29,13 @@ fn cells(r: &Row) -> [String; 15] {
         on_off(r.bundles).to_owned(),
         r.orders.to_string(),
         format!("{:.0}", r.schedule_rate),
-        fmt_ms(r.p50_ms),
-        fmt_ms(r.p99_ms),
-        fmt_ms(r.p999_ms),
-        fmt_ms(r.max_ms),
+        fmt_ms(r.lateness.p50_ms),
+        fmt_ms(r.lateness.p99_ms),
+        fmt_ms(r.lateness.p999_ms),
+        fmt_ms(r.lateness.max_ms),
         format!("{:.0}", r.by_ladder),
         format!("{:.0}", r.swept),
-        r.early.to_string(),
+        r.lateness.early.to_string(),
         r.lost.to_string(),
         format!(
             "{:.3}{}",
@@ -78,28 +78,7 @@ pub fn table(report: &Report) -> String {
         report.cores
     );
     let rows: Vec<[String; 15]> = report.rows.iter().map(cells).collect();
-    let mut widths = HEADER.map(str::len);
-    for row in &rows {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    let line = |row: &[String]| {
-        let mut s = String::from("|");
-        for (c, w) in row.iter().zip(widths) {
-            s.push_str(&format!(" {c:>w$} |"));
-        }
-        s + "\n"
-    };
-    out.push_str(&line(&HEADER.map(str::to_owned)));
-    out.push('|');
-    for w in widths {
-        out.push_str(&format!(" {}: |", "-".repeat(w.saturating_sub(1))));
-    }
-    out.push('\n');
-    for row in &rows {
-        out.push_str(&line(row));
-    }
+    out.push_str(&crate::markdown::table(HEADER, &rows, |_| true));
     out.push_str(
         "lateness = cancelled_at - due_at; ladder/swept: each row's mark (cancelled_by); msg/order: due messages per order \
          (* serve has no orders_per_message histogram: one message per order); broker CPU: its beam.smp, \

@@ -89,28 +89,6 @@ pub struct LatenessArgs {
     pub burst_max_delay: Duration,
 }
 
-impl LatenessArgs {
-    /// The steady stream only, no naive design, no progress bar: what tests
-    /// start from.
-    pub fn steady(rate: u32, duration: Duration, min_delay: Duration, max_delay: Duration) -> Self {
-        Self {
-            rate,
-            duration,
-            min_delay,
-            max_delay,
-            pay_share: 0.2,
-            no_naive: true,
-            out_dir: std::env::temp_dir(),
-            quiet: true,
-            burst: 0,
-            burst_at: Duration::from_secs(10),
-            burst_over: Duration::from_secs(1),
-            burst_min_delay: Duration::from_secs(1),
-            burst_max_delay: Duration::from_secs(15),
-        }
-    }
-}
-
 /// One order of the plan.
 struct Planned {
     index: usize,
@@ -139,18 +117,19 @@ pub async fn run(settings: &Settings, args: &LatenessArgs) -> anyhow::Result<()>
 /// Runs the orders through both designs, in a world of their own based on
 /// `settings` (prefix `bench-lat-<id>`), and reads the lateness back.
 pub async fn measure(settings: &Settings, args: &LatenessArgs) -> anyhow::Result<Report> {
-    let world = World::builder()
+    let builder = World::builder()
         .settings(settings.clone())
-        .kind("bench-lat")
-        .build()
-        .await?;
-    let naive = (!args.no_naive).then(|| naive::settings(&world.settings));
-    let result = measure_in(&world, naive.as_ref(), args).await;
-    if let Some(naive) = &naive {
-        naive::remove(&world.channel().await, naive).await;
-    }
-    world.cleanup().await;
-    result
+        .kind("bench-lat");
+    builder
+        .run(async |world| {
+            let naive = (!args.no_naive).then(|| naive::settings(&world.settings));
+            let result = measure_in(world, naive.as_ref(), args).await;
+            if let Some(naive) = &naive {
+                naive::remove(&world.channel().await, naive).await;
+            }
+            result
+        })
+        .await
 }
 
 async fn measure_in(
@@ -376,13 +355,7 @@ async fn wait_settled(
     let deadline = tokio::time::Instant::now() + max_delay + Duration::from_secs(90);
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let unsettled: i64 = world
-            .store
-            .client()
-            .await?
-            .query_one("SELECT count(*) FROM orders WHERE status = 'unpaid'", &[])
-            .await?
-            .try_get(0)?;
+        let unsettled = world.count_orders("unpaid").await?;
         progress.set_position(total.saturating_sub(unsettled as usize) as u64);
         if unsettled == 0 || tokio::time::Instant::now() > deadline {
             return Ok(());

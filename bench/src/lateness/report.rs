@@ -5,9 +5,9 @@ use order_expiry_testkit::World;
 use serde::Serialize;
 
 use super::stalls::Stalls;
-use crate::cdf::Curve;
+use crate::cdf::{Curve, Distribution};
+use crate::fmt_ms;
 use crate::goals::{Bench, Measurement};
-use crate::{fmt_ms, percentile};
 
 /// One design's figures, in milliseconds.
 #[derive(Debug, Clone, Serialize)]
@@ -16,25 +16,11 @@ pub struct Row {
     pub design: String,
     /// Orders scheduled.
     pub orders: usize,
-    /// Orders cancelled.
-    pub cancelled: usize,
     /// Orders still unpaid when the run ended (never cancelled: missed).
     pub missed: usize,
-    /// Cancels before `due_at`.
-    pub early: usize,
-    /// Median lateness.
-    pub p50_ms: f64,
-    /// 90th percentile.
-    pub p90_ms: f64,
-    /// 99th percentile.
-    pub p99_ms: f64,
-    /// 99.9th percentile.
-    pub p999_ms: f64,
-    /// Worst.
-    pub max_ms: f64,
-    /// Every cancelled order's lateness, sorted.
-    #[serde(skip)]
-    pub lateness_ms: Vec<f64>,
+    /// The cancelled orders' lateness.
+    #[serde(flatten)]
+    pub lateness: Distribution,
     /// The orders cancelled more than [`LATE_MS`] late, by due time: when a
     /// run is late, whether it was a moment (a stall) or all along.
     #[serde(skip)]
@@ -87,14 +73,7 @@ pub struct Report {
 impl Row {
     /// The row in the lateness picture.
     pub(crate) fn curve(&self) -> Curve<'_> {
-        let label = format!(
-            "{}: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms, early {}",
-            self.design, self.p50_ms, self.p99_ms, self.max_ms, self.early
-        );
-        Curve {
-            label,
-            lateness_ms: &self.lateness_ms,
-        }
+        self.lateness.curve(&self.design, "")
     }
 
     /// Figures from every cancelled order's lateness.
@@ -102,21 +81,13 @@ impl Row {
         design: &str,
         orders: usize,
         missed: usize,
-        mut lateness_ms: Vec<f64>,
+        lateness_ms: Vec<f64>,
     ) -> Self {
-        lateness_ms.sort_by(f64::total_cmp);
         Self {
             design: design.to_owned(),
             orders,
-            cancelled: lateness_ms.len(),
             missed,
-            early: lateness_ms.iter().filter(|l| **l < 0.0).count(),
-            p50_ms: percentile(&lateness_ms, 50.0),
-            p90_ms: percentile(&lateness_ms, 90.0),
-            p99_ms: percentile(&lateness_ms, 99.0),
-            p999_ms: percentile(&lateness_ms, 99.9),
-            max_ms: lateness_ms.last().copied().unwrap_or(0.0),
-            lateness_ms,
+            lateness: Distribution::of(lateness_ms),
             late: Vec::new(),
         }
     }
@@ -129,17 +100,7 @@ impl Row {
         pattern: &str,
         orders: usize,
     ) -> anyhow::Result<Self> {
-        let client = world.store.client().await?;
-        let cancelled: Vec<(f64, chrono::DateTime<chrono::Utc>)> = client
-            .query(
-                "SELECT extract(epoch FROM cancelled_at - pay_deadline)::float8 * 1000, pay_deadline
-                 FROM orders WHERE id LIKE $1 AND status = 'cancelled'",
-                &[&pattern],
-            )
-            .await?
-            .iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-            .collect::<Result<_, tokio_postgres::Error>>()?;
+        let cancelled = crate::cdf::cancelled(world, pattern).await?;
         let mut late: Vec<LateOrder> = cancelled
             .iter()
             .filter(|(lateness_ms, _)| *lateness_ms > LATE_MS)
@@ -150,6 +111,7 @@ impl Row {
             .collect();
         late.sort_by_key(|o| o.due_at);
         let lateness = cancelled.into_iter().map(|(l, _)| l).collect();
+        let client = world.store.client().await?;
         let missed: i64 = client
             .query_one(
                 "SELECT count(*) FROM orders WHERE id LIKE $1 AND status = 'unpaid'",
@@ -203,6 +165,7 @@ impl Report {
     pub fn measurements(&self) -> Vec<Measurement> {
         let mut out = Vec::new();
         for row in &self.rows {
+            let l = &row.lateness;
             let name = match (row.design.as_str(), self.burst > 0) {
                 ("ladder", false) => "ladder",
                 ("ladder", true) => "steady stream",
@@ -210,10 +173,10 @@ impl Report {
                 _ => continue,
             };
             out.extend([
-                Measurement::new(format!("{name}: cancelled early"), row.early as f64),
+                Measurement::new(format!("{name}: cancelled early"), l.early as f64),
                 Measurement::new(format!("{name}: missed"), row.missed as f64),
-                Measurement::new(format!("{name}: p99 lateness"), row.p99_ms),
-                Measurement::new(format!("{name}: max lateness"), row.max_ms),
+                Measurement::new(format!("{name}: p99 lateness"), l.p99_ms),
+                Measurement::new(format!("{name}: max lateness"), l.max_ms),
             ]);
         }
         out
@@ -246,18 +209,19 @@ pub fn table(report: &Report) -> String {
         "design", "orders", "cancelled", "missed", "early", "p50", "p90", "p99", "p99.9", "max"
     ));
     for r in &report.rows {
+        let l = &r.lateness;
         out.push_str(&format!(
             "{:<18} {:>7} {:>9} {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
             r.design,
             r.orders,
-            r.cancelled,
+            l.cancelled,
             r.missed,
-            r.early,
-            fmt_ms(r.p50_ms),
-            fmt_ms(r.p90_ms),
-            fmt_ms(r.p99_ms),
-            fmt_ms(r.p999_ms),
-            fmt_ms(r.max_ms)
+            l.early,
+            fmt_ms(l.p50_ms),
+            fmt_ms(l.p90_ms),
+            fmt_ms(l.p99_ms),
+            fmt_ms(l.p999_ms),
+            fmt_ms(l.max_ms)
         ));
     }
     // The first dozen seconds: enough to tell a moment's stall from a run late
@@ -370,7 +334,7 @@ mod tests {
         let missed: Vec<_> = verdicts
             .iter()
             .filter(|v| !v.met)
-            .map(|v| v.goal.measure)
+            .map(|v| v.goal.measure.as_str())
             .collect();
         assert_eq!(missed, ["flash sale: max lateness"]);
         let early = Row::from_lateness("ladder, flash sale", 10, 0, vec![-0.5, 5.0]);

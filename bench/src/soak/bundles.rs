@@ -60,7 +60,7 @@ impl Bundling {
 pub(super) async fn watch(world: &SoakWorld, stop: CancellationToken) -> Bundling {
     let mut last: BTreeMap<(String, u32), Bundling> = BTreeMap::new();
     loop {
-        for (name, pid, addr) in world.serve_metrics_addrs().await {
+        for (name, pid, addr) in world.running_serves().await {
             if let Some((200, text)) = http_get(addr, "/metrics").await {
                 last.insert((name, pid), Bundling::read(&text));
             }

@@ -291,6 +291,8 @@ pub(super) fn fmt_late(d: TimeDelta) -> String {
 
 #[cfg(test)]
 mod tests {
+    use order_expiry_testkit::Placed;
+
     use super::*;
     use crate::soak::faults::Kind;
 
@@ -300,15 +302,17 @@ mod tests {
 
     fn order(id: &str, due: i64) -> Order {
         Order {
-            id: id.into(),
+            placed: Placed {
+                id: id.into(),
+                due_at: at(due),
+                scheduled: true,
+                paid: false,
+            },
             which: Which::Sql,
             route: Route::Library,
             burst: false,
             created: at(0),
-            due_at: at(due),
             extended_from: None,
-            scheduled: true,
-            paid: false,
             gateway: Gateway::Unpaid,
         }
     }
@@ -329,25 +333,31 @@ mod tests {
 
     /// The checker's verdict on one sql-world order and its row, with `faults`.
     fn verdict(order: Order, row: Row, faults: &[Record]) -> Verdict {
-        let ledger = Ledger {
-            orders: vec![order.clone()],
-            ..Ledger::default()
-        };
-        let rows = HashMap::from([(order.id.clone(), row)]);
-        let queues = vec![("p.parked".to_owned(), 0)];
-        check(&End {
-            ledger: &ledger,
-            faults,
-            slot_worlds: &[Which::Sql],
-            sql_rows: &rows,
-            http_rows: &HashMap::new(),
-            queues: &queues,
-            sql_parked_queue: "p.parked".into(),
-            exited: &[],
-            memory: &Samples::default(),
+        Case {
+            sql_rows: HashMap::from([(order.id.clone(), row)]),
+            ledger: Ledger {
+                orders: vec![order],
+                ..Ledger::default()
+            },
+            faults: faults.to_vec(),
+            http_rows: HashMap::new(),
+            queues: vec![("p.parked".to_owned(), 0)],
+            exited: Vec::new(),
+            memory: Samples::default(),
             bundling: Bundling::default(),
             duration: Duration::from_secs(60),
-        })
+        }
+        .check()
+    }
+
+    /// Asserts that the first violation in `v` says `what`.
+    fn says(v: &Verdict, what: &str) {
+        let first = v.violations.first();
+        assert!(
+            first.is_some_and(|f| f.contains(what)),
+            "{what}: {:?}",
+            v.violations
+        );
     }
 
     #[test]
@@ -358,33 +368,17 @@ mod tests {
                 .is_empty()
         );
         let early = verdict(order("a", 10), row(10, Some(9), None), &[]);
-        assert!(
-            early.violations[0].contains("early"),
-            "{:?}",
-            early.violations
-        );
+        says(&early, "early");
         let lost = verdict(order("a", 10), row(10, None, None), &[]);
-        assert!(lost.violations[0].contains("lost"), "{:?}", lost.violations);
+        says(&lost, "lost");
         let late = verdict(order("a", 10), row(10, Some(16), None), &[]);
-        assert!(
-            late.violations[0].contains("beyond its bound"),
-            "{:?}",
-            late.violations
-        );
+        says(&late, "beyond its bound");
         let mut paid = order("a", 10);
-        paid.paid = true;
+        paid.placed.paid = true;
         let wrongly = verdict(paid, row(10, Some(11), None), &[]);
-        assert!(
-            wrongly.violations[0].contains("paid, yet cancelled"),
-            "{:?}",
-            wrongly.violations
-        );
+        says(&wrongly, "paid, yet cancelled");
         let swept = verdict(order("a", 10), row(10, Some(131), Some("sweeper")), &[]);
-        assert!(
-            swept.violations[0].contains("by the sweeper"),
-            "{:?}",
-            swept.violations
-        );
+        says(&swept, "by the sweeper");
     }
 
     #[test]
@@ -486,7 +480,7 @@ mod tests {
     fn never_scheduled_orders_must_be_swept_and_only_they_may_be() {
         let mut unscheduled = order("u", 10);
         unscheduled.route = Route::Unscheduled;
-        unscheduled.scheduled = false;
+        unscheduled.placed.scheduled = false;
         let swept = verdict(
             unscheduled.clone(),
             row(10, Some(131), Some("sweeper")),
@@ -495,17 +489,9 @@ mod tests {
         assert!(swept.violations.is_empty(), "{:?}", swept.violations);
         assert_eq!((swept.swept, swept.swept_explained), (1, 1));
         let never = verdict(unscheduled.clone(), row(10, None, None), &[]);
-        assert!(
-            never.violations[0].contains("never swept"),
-            "{:?}",
-            never.violations
-        );
+        says(&never, "never swept");
         let by_ladder = verdict(unscheduled, row(10, Some(11), None), &[]);
-        assert!(
-            by_ladder.violations[0].contains("by the ladder"),
-            "{:?}",
-            by_ladder.violations
-        );
+        says(&by_ladder, "by the ladder");
     }
 
     /// The whole end state, owned, for the violations that are not about
@@ -555,7 +541,7 @@ mod tests {
             }
         }
 
-        fn violations(&self) -> Vec<String> {
+        fn check(&self) -> Verdict {
             check(&End {
                 ledger: &self.ledger,
                 faults: &self.faults,
@@ -569,7 +555,10 @@ mod tests {
                 bundling: self.bundling,
                 duration: self.duration,
             })
-            .violations
+        }
+
+        fn violations(&self) -> Vec<String> {
+            self.check().violations
         }
     }
 

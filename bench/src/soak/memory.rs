@@ -30,9 +30,11 @@ impl Samples {
         let mut samples = Self::default();
         loop {
             let now = Utc::now();
-            let mut pids = world.serve_pids().await;
-            pids.extend(node_pids().await);
-            for (name, pid) in pids {
+            let serves = world.running_serves().await.into_iter();
+            for (name, pid) in serves
+                .map(|(name, pid, _)| (name, pid))
+                .chain(node_pids().await)
+            {
                 if let Some(m) = procfs::memory(&pid.to_string()) {
                     samples
                         .series

@@ -13,7 +13,8 @@ use super::check::Verdict;
 use super::faults::Record;
 use super::memory::Samples;
 use super::traffic::Ledger;
-use crate::{fmt_ms, percentile, plot_error};
+use crate::cdf::Distribution;
+use crate::{fmt_ms, plot_error};
 
 /// What the report is about.
 #[derive(Debug)]
@@ -70,13 +71,8 @@ pub(super) fn text(run: &Run<'_>) -> String {
         }
     }
     let families: Vec<String> = families.iter().map(|(f, n)| format!("{f} {n}")).collect();
-    let mut ladder: Vec<f64> = v
-        .cancels
-        .iter()
-        .filter(|c| !c.swept)
-        .map(|c| c.late.as_secs_f64() * 1000.0)
-        .collect();
-    ladder.sort_by(f64::total_cmp);
+    let by_ladder = v.cancels.iter().filter(|c| !c.swept);
+    let ladder = Distribution::of(by_ladder.map(|c| c.late.as_secs_f64() * 1000.0).collect());
     let bursts = run.ledger.orders.iter().filter(|o| o.burst).count();
     let _ = writeln!(
         out,
@@ -99,10 +95,10 @@ pub(super) fn text(run: &Run<'_>) -> String {
         run.ledger.poison,
         run.ledger.poison_unsure,
         run.ledger.schedule_errors,
-        fmt_ms(percentile(&ladder, 50.0)),
-        fmt_ms(percentile(&ladder, 99.0)),
-        fmt_ms(percentile(&ladder, 99.9)),
-        fmt_ms(ladder.last().copied().unwrap_or(0.0)),
+        fmt_ms(ladder.p50_ms),
+        fmt_ms(ladder.p99_ms),
+        fmt_ms(ladder.p999_ms),
+        fmt_ms(ladder.max_ms),
     );
     let memory: Vec<String> = run
         .memory

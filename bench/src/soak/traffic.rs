@@ -20,6 +20,7 @@
 //! Every random choice comes from the seed: the same seed places the same
 //! orders with the same deadlines (their times follow the machine's pace).
 
+use std::ops::Deref;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -29,7 +30,7 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use order_expiry::Scheduler;
 use order_expiry::service::PgOrderStore;
-use order_expiry_testkit::{Reply, cluster};
+use order_expiry_testkit::{Placed, Reply, cluster};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::Mutex;
@@ -60,23 +61,29 @@ pub(super) enum Gateway {
     PendingThenUnpaid,
 }
 
-/// One order, as its order service saw it.
+/// One order, as its order service saw it: what the testkit's ledger keeps
+/// of every placed order (its id, its deadline now, after an extension;
+/// whether its message or outbox row for it was confirmed or committed;
+/// whether the payer's `UPDATE ... WHERE status = 'unpaid'` hit), and the
+/// soak's own facts about it.
 #[derive(Debug, Clone)]
 pub(super) struct Order {
-    pub(super) id: String,
+    pub(super) placed: Placed,
     pub(super) which: Which,
     pub(super) route: Route,
     pub(super) burst: bool,
     pub(super) created: DateTime<Utc>,
-    /// Its deadline now (after an extension).
-    pub(super) due_at: DateTime<Utc>,
     /// The deadline before an extension.
     pub(super) extended_from: Option<DateTime<Utc>>,
-    /// Its message (or outbox row) for `due_at` was confirmed (committed).
-    pub(super) scheduled: bool,
-    /// The payer's `UPDATE ... WHERE status = 'unpaid'` hit.
-    pub(super) paid: bool,
     pub(super) gateway: Gateway,
+}
+
+impl Deref for Order {
+    type Target = Placed;
+
+    fn deref(&self) -> &Placed {
+        &self.placed
+    }
 }
 
 /// Everything the order services did.
@@ -306,29 +313,32 @@ impl Traffic {
             }
         };
         let mut order = Order {
-            id: plan.id.clone(),
+            placed: Placed {
+                id: plan.id.clone(),
+                due_at: plan.due_at,
+                scheduled,
+                paid: false,
+            },
             which: plan.which,
             route: plan.route,
             burst: plan.burst,
             created,
-            due_at: plan.due_at,
             extended_from: None,
-            scheduled,
-            paid: false,
             gateway: plan.gateway,
         };
         if let Some(after) = plan.pay_after {
             sleep_until(created + TimeDelta::from_std(after).unwrap_or_default()).await;
-            order.paid = retry_value(plan.due_at + TimeDelta::seconds(5), || store.pay(&plan.id))
-                .await
-                .unwrap_or(false);
+            order.placed.paid =
+                retry_value(plan.due_at + TimeDelta::seconds(5), || store.pay(&plan.id))
+                    .await
+                    .unwrap_or(false);
         } else if let Some(by) = plan.extend_by {
             sleep_until(plan.due_at - TimeDelta::milliseconds(1500)).await;
             let later = plan.due_at + TimeDelta::from_std(by).unwrap_or_default();
             if extend(store, &plan.id, later).await {
                 order.extended_from = Some(plan.due_at);
-                order.due_at = later;
-                order.scheduled = self.schedule(&plan, later).await;
+                order.placed.due_at = later;
+                order.placed.scheduled = self.schedule(&plan, later).await;
             }
         }
         self.ledger.lock().await.orders.push(order);

@@ -291,21 +291,9 @@ impl SoakWorld {
         self.slots.lock().await[i].which
     }
 
-    /// The pids of the running `serve` processes, with their slot names.
-    pub(super) async fn serve_pids(&self) -> Vec<(String, u32)> {
-        let mut slots = self.slots.lock().await;
-        slots
-            .iter_mut()
-            .filter_map(|s| {
-                let running = s.child.as_mut().is_some_and(Child::running);
-                running.then(|| (s.name.clone(), s.child.as_ref().map_or(0, Child::pid)))
-            })
-            .collect()
-    }
-
     /// The running `serve` processes: slot name, pid, and where `/metrics`
     /// answers.
-    pub(super) async fn serve_metrics_addrs(&self) -> Vec<(String, u32, SocketAddr)> {
+    pub(super) async fn running_serves(&self) -> Vec<(String, u32, SocketAddr)> {
         let mut slots = self.slots.lock().await;
         slots
             .iter_mut()

@@ -12,17 +12,11 @@ use order_expiry::Settings;
 use order_expiry_testkit::{Child, Launch, http_get, metric_value};
 use tokio::time::Instant;
 
-/// Starts `order-expiry serve` (next to this binary) with `settings`, at the
-/// production log level, the sweeper off, under `wrap` when given.
+/// Starts `order-expiry serve` (see [`crate::flash::serve::binary`]) with
+/// `settings`, at the production log level, the sweeper off, under `wrap`
+/// when given.
 pub(super) fn serve(settings: &Settings, wrap: Option<&str>) -> anyhow::Result<Child> {
-    let exe = std::env::current_exe().context("locating order-expiry-bench")?;
-    let serve = exe.with_file_name("order-expiry");
-    if !serve.exists() {
-        bail!(
-            "{} is missing: build it next to the benchmark (cargo build --release --workspace)",
-            serve.display()
-        );
-    }
+    let serve = crate::flash::serve::binary(None)?;
     launch(serve, &["serve"], settings, wrap)
         // The drain measures the consumer: its orders are past their deadline
         // by the time the preload ends, and the sweeper (on by default) would

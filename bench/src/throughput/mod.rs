@@ -23,7 +23,7 @@ mod cpu;
 mod phases;
 mod pipeline;
 mod report;
-mod world;
+mod setup;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -34,8 +34,9 @@ use serde_json::json;
 
 use order_expiry::{Settings, settings::QueueType};
 
+use order_expiry_testkit::World;
+
 use self::report::{Row, median};
-use self::world::World;
 use crate::goals::{self, Bench, Measurement};
 
 /// Arguments of `throughput`.
@@ -159,19 +160,20 @@ pub async fn run(settings: &Settings, args: &ThroughputArgs) -> anyhow::Result<(
 /// Measures in a world of its own based on `settings`, removed at the end,
 /// also after an error or Ctrl-C.
 pub async fn measure(settings: &Settings, args: &ThroughputArgs) -> anyhow::Result<Report> {
-    let world = World::open(settings).await?;
-    eprintln!(
-        "throughput: prefix {}-*, schema {}",
-        world.settings.topology.prefix,
-        world.schema()
-    );
-    let result = tokio::select! {
-        r = measure_in(&world, args) => r,
-        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
-    };
-    eprintln!("cleaning up");
-    world.cleanup().await;
-    let (rows, details) = result?;
+    let measured = setup::builder(settings).run(async |world| {
+        eprintln!(
+            "throughput: prefix {}-*, schema {}",
+            world.settings.topology.prefix,
+            world.schema()
+        );
+        let result = tokio::select! {
+            r = measure_in(world, args) => r,
+            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        };
+        eprintln!("cleaning up");
+        result
+    });
+    let (rows, details) = measured.await?;
     let context = json!({
         "command": std::env::args().collect::<Vec<_>>().join(" "),
         "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
@@ -211,7 +213,7 @@ async fn measure_in(world: &World, args: &ThroughputArgs) -> anyhow::Result<Meas
     let types: Vec<(Holding, Settings)> = args
         .queue_types
         .iter()
-        .map(|h| (*h, world.settings(h.queue_type())))
+        .map(|h| (*h, setup::settings(world, h.queue_type())))
         .collect();
     for (_, s) in &types {
         world.declare(s).await?;
@@ -271,9 +273,9 @@ async fn compare(
         }
         if has(Phase::Publish) {
             let b = phases::bare_publish(s, n).await?;
-            world.purge(s).await?;
+            setup::purge(world, s).await?;
             let o = phases::schedule_many(s, n).await?;
-            world.purge(s).await?;
+            setup::purge(world, s).await?;
             progress("publish, bare lapin", &b, n);
             progress("publish, schedule_many", &o, n);
             pub_bare.push(n as f64 / b.secs);

@@ -13,12 +13,10 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use order_expiry::Settings;
-use order_expiry_testkit::{free_port, message, procfs};
+use order_expiry_testkit::{World, free_port, message, procfs};
 
-use super::child;
 use super::cpu::ServiceCpu;
-use super::world::{self, World};
-use super::{bare, pipeline};
+use super::{bare, child, pipeline, setup};
 
 /// One timed run: wall time to the first and the last completion, and where the
 /// CPU went meanwhile.
@@ -104,9 +102,9 @@ pub(super) async fn end_to_end(
     delay: Duration,
     spread: bool,
 ) -> anyhow::Result<Timed> {
-    world.seed_orders(tag, n).await?;
+    setup::seed_orders(world, tag, n).await?;
     let result = timed(pipeline::end_to_end(settings, ids(tag, n), delay, spread)).await?;
-    let cancelled = world.cancelled().await?;
+    let cancelled = world.count_orders("cancelled").await?;
     if cancelled != i64::try_from(n)? {
         bail!("{cancelled} of {n} orders cancelled after the end-to-end run");
     }
@@ -229,7 +227,7 @@ pub(super) async fn consumer_drain(
     n: usize,
     wrap: Option<&str>,
 ) -> anyhow::Result<ConsumerDrain> {
-    world.seed_orders("d", n).await?;
+    setup::seed_orders(world, "d", n).await?;
     preload_due(settings, "d", n).await?;
     let port = free_port();
     let mut s = settings.clone();
@@ -253,7 +251,7 @@ pub(super) async fn consumer_drain(
     let mut used = before.until(&ServiceCpu::now());
     used.client = cpu;
     serve.stop(Duration::from_secs(60)).await?;
-    let cancelled = world.cancelled().await?;
+    let cancelled = world.count_orders("cancelled").await?;
     if cancelled != i64::try_from(n)? {
         bail!("{cancelled} of {n} orders cancelled after the drain");
     }
@@ -290,7 +288,7 @@ pub(super) async fn pending(
     n: usize,
     wrap: Option<&str>,
 ) -> anyhow::Result<Pending> {
-    let broker_before = world::broker_memory()?;
+    let broker_before = setup::broker_memory()?;
     let mut publisher = child::publisher(settings, n, wrap)?;
     let mut lines = publisher.stdout_lines().context("child stdout")?;
     let mut result = Pending {
@@ -323,11 +321,11 @@ pub(super) async fn pending(
     }
     // Let the broker's memory accounting catch up with the last publishes.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let (messages, queue_memory) = world.queue_memory(settings)?;
+    let (messages, queue_memory) = setup::queue_memory(settings)?;
     result.messages = messages;
     result.queue_memory = queue_memory;
-    result.broker_growth = i64::try_from(world::broker_memory()?)? - i64::try_from(broker_before)?;
-    world.delete_queues(settings).await?;
+    result.broker_growth = i64::try_from(setup::broker_memory()?)? - i64::try_from(broker_before)?;
+    setup::delete_queues(world, settings).await?;
     Ok(result)
 }
 

@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use crate::goals::{self, Bench, Limit, Measurement};
+use crate::goals::{self, Bench, Limit, Measurement, number};
 
 /// Median; 0 for none.
 pub(super) fn median(values: &[f64]) -> f64 {
@@ -94,17 +94,6 @@ impl Row {
     }
 }
 
-/// A readable number: no decimals when large.
-fn number(v: f64) -> String {
-    if v.abs() >= 100.0 {
-        format!("{v:.0}")
-    } else if v.abs() >= 10.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
-    }
-}
-
 /// The text table.
 pub(super) fn table(rows: &[Row]) -> String {
     let header = [
@@ -138,40 +127,7 @@ pub(super) fn table(rows: &[Row]) -> String {
             ]
         })
         .collect();
-    let mut widths = header.map(str::len);
-    for row in &cells {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    let line = |row: &[String]| {
-        let mut out = String::from("|");
-        for (i, (c, w)) in row.iter().zip(widths).enumerate() {
-            let pad = w - c.chars().count();
-            if (2..=4).contains(&i) {
-                out.push_str(&format!(" {}{c} |", " ".repeat(pad)));
-            } else {
-                out.push_str(&format!(" {c}{} |", " ".repeat(pad)));
-            }
-        }
-        out.push('\n');
-        out
-    };
-    let mut out = line(&header.map(str::to_owned));
-    out.push('|');
-    for (i, w) in widths.iter().enumerate() {
-        let dashes = "-".repeat(*w);
-        if (2..=4).contains(&i) {
-            out.push_str(&format!(" {dashes}:|"));
-        } else {
-            out.push_str(&format!(" {dashes} |"));
-        }
-    }
-    out.push('\n');
-    for row in &cells {
-        out.push_str(&line(row));
-    }
-    out
+    crate::markdown::table(header, &cells, |col| (2..=4).contains(&col))
 }
 
 /// The rows with a goal, as measurements of it.
