@@ -4,39 +4,32 @@
 //! re-declares its part, consumes, parks, sends a message through the ladder
 //! again (an order not found yet), but cannot read, purge or delete the
 //! ladder's queues, nor publish to the due exchange with any other key than a
-//! zero delay's.
-//! No AMQP connection here uses `guest`.
+//! zero delay's. No AMQP connection here uses `guest`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::types::FieldTable;
-use lapin::{BasicProperties, Channel, Connection};
+use lapin::{BasicProperties, Connection};
 use order_expiry::{
     Scheduler, Settings, service::Outcome, service::Readiness, service::Relay,
     topology::CONSUMER_USER, topology::PUBLISHER_USER, topology::definitions_json,
 };
-use order_expiry_testkit::{World, amqp_port, at_ms, rabbitmqctl, succeeded};
-use secrecy::SecretString;
+use order_expiry_testkit::{World, amqp_port, at_ms, eventually, rabbitmqctl, run_cli, succeeded};
 use serde_json::Value;
 
-fn repo_definitions() -> String {
-    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/definitions.json"))
-        .expect("definitions.json at the repository root")
+fn repo_definitions() -> Value {
+    let text = crate::docs::repo_file("definitions.json");
+    serde_json::from_str(&text).expect("definitions.json is JSON")
 }
 
 #[test]
 fn definitions_json_matches_the_export_of_the_default_settings() {
     let settings = Settings::default();
-    let expected = definitions_json(
-        &settings.ladder().unwrap(),
-        &settings.topology,
-        &settings.topology.vhost,
-        None,
-    );
+    let topology = &settings.topology;
+    let exported = definitions_json(&settings.ladder().unwrap(), topology, &topology.vhost, None);
     assert!(
-        repo_definitions() == expected,
+        crate::docs::repo_file("definitions.json") == exported,
         "definitions.json drifted from `order-expiry topology export`; regenerate it with\n  \
          cargo run -q -- topology export > definitions.json"
     );
@@ -44,28 +37,26 @@ fn definitions_json_matches_the_export_of_the_default_settings() {
 
 /// With the event action, the export lets the consumer user write to the
 /// event exchange, and nothing else changes.
-#[test]
-fn the_export_for_the_event_action_lets_the_consumer_write_its_exchange() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_order-expiry"))
-        .args(["topology", "export"])
-        .env("ORDER_EXPIRY__ACTION__KIND", "amqp")
-        .env("ORDER_EXPIRY__ACTION__AMQP__EXCHANGE", "shop.events")
-        .output()
-        .expect("order-expiry runs");
+#[tokio::test]
+async fn the_export_for_the_event_action_lets_the_consumer_write_its_exchange() {
+    let event = [
+        ("ORDER_EXPIRY__ACTION__KIND", "amqp"),
+        ("ORDER_EXPIRY__ACTION__AMQP__EXCHANGE", "shop.events"),
+    ];
+    let out = run_cli(&Settings::default(), &["topology", "export"], &event).await;
     let exported: Value = serde_json::from_str(&succeeded("topology export", &out)).unwrap();
-    let plain: Value = serde_json::from_str(&repo_definitions()).unwrap();
+    let plain = repo_definitions();
     let consumer_write = |defs: &Value| {
-        defs["permissions"]
-            .as_array()
+        let permissions = defs["permissions"].as_array().unwrap().iter();
+        let mut consumer = permissions.filter(|p| p["user"] == CONSUMER_USER);
+        consumer.next().unwrap()["write"]
+            .as_str()
             .unwrap()
-            .iter()
-            .find(|p| p["user"] == "order-expiry-consumer")
-            .map(|p| p["write"].as_str().unwrap().to_owned())
-            .unwrap()
+            .to_owned()
     };
-    let with_event = consumer_write(&exported);
     let without = consumer_write(&plain);
     let expected = format!(r"{}|shop\.events)$", without.strip_suffix(")$").unwrap());
+    let with_event = consumer_write(&exported);
     assert_eq!(
         with_event, expected,
         "the consumer writes exactly the event exchange more"
@@ -80,46 +71,42 @@ struct Imported {
     vhost: String,
     publisher: String,
     consumer: String,
-    file: std::path::PathBuf,
 }
 
 impl Imported {
     fn new() -> Self {
         let id = &uuid::Uuid::new_v4().simple().to_string()[..8];
-        let imported = Self {
-            vhost: format!("order-expiry-import-{id}"),
-            publisher: format!("{PUBLISHER_USER}-{id}"),
-            consumer: format!("{CONSUMER_USER}-{id}"),
-            file: std::env::temp_dir().join(format!("order-expiry-import-{id}.json")),
-        };
-        let mut defs: Value = serde_json::from_str(&repo_definitions()).unwrap();
-        imported.retarget(&mut defs);
-        std::fs::write(&imported.file, defs.to_string()).unwrap();
-        rabbitmqctl(&["-q", "import_definitions", imported.file.to_str().unwrap()]);
-        imported
-    }
-
-    fn retarget(&self, defs: &mut Value) {
+        let vhost = format!("order-expiry-import-{id}");
         let rename = |name: &str| match name {
-            PUBLISHER_USER => self.publisher.clone(),
-            CONSUMER_USER => self.consumer.clone(),
+            PUBLISHER_USER | CONSUMER_USER => format!("{name}-{id}"),
             other => panic!("definitions.json names an unexpected user {other:?}"),
         };
+        let mut defs = repo_definitions();
         for user in defs["users"].as_array_mut().unwrap() {
             user["name"] = rename(user["name"].as_str().unwrap()).into();
         }
-        for section in ["permissions", "topic_permissions"] {
-            for p in defs[section].as_array_mut().unwrap() {
-                p["user"] = rename(p["user"].as_str().unwrap()).into();
-                p["vhost"] = self.vhost.as_str().into();
+        // Every object that names a user or a vhost (permissions, queues...).
+        for section in defs.as_object_mut().unwrap().values_mut() {
+            for object in section.as_array_mut().into_iter().flatten() {
+                if let Some(user) = object.get("user").and_then(Value::as_str) {
+                    object["user"] = rename(user).into();
+                }
+                if object.get("vhost").is_some() {
+                    object["vhost"] = vhost.as_str().into();
+                }
             }
         }
-        for section in ["exchanges", "queues", "bindings", "policies"] {
-            for object in defs[section].as_array_mut().unwrap() {
-                object["vhost"] = self.vhost.as_str().into();
-            }
-        }
-        defs["vhosts"] = serde_json::json!([{ "name": self.vhost }]);
+        defs["vhosts"] = serde_json::json!([{ "name": vhost }]);
+        let file = std::env::temp_dir().join(format!("{vhost}.json"));
+        std::fs::write(&file, defs.to_string()).unwrap();
+        let imported = Self {
+            vhost,
+            publisher: rename(PUBLISHER_USER),
+            consumer: rename(CONSUMER_USER),
+        };
+        rabbitmqctl(&["-q", "import_definitions", file.to_str().unwrap()]);
+        let _ = std::fs::remove_file(&file);
+        imported
     }
 
     fn url(&self, user: &str, password: &str) -> String {
@@ -129,15 +116,12 @@ impl Imported {
 
     /// Ready messages in a queue, asked of rabbitmqctl (no AMQP user involved).
     fn ready(&self, queue: &str) -> u64 {
-        let out = rabbitmqctl(&[
-            "-q",
-            "list_queues",
-            "-p",
-            &self.vhost,
-            "--no-table-headers",
-            "name",
-            "messages_ready",
-        ]);
+        let columns = "--no-table-headers name messages_ready".split(' ');
+        let args: Vec<&str> = ["-q", "list_queues", "-p", &self.vhost]
+            .into_iter()
+            .chain(columns)
+            .collect();
+        let out = rabbitmqctl(&args);
         out.lines()
             .filter_map(|l| l.split_once('\t'))
             .find(|(name, _)| *name == queue)
@@ -148,25 +132,22 @@ impl Imported {
 
 impl Drop for Imported {
     fn drop(&mut self) {
-        for args in [
-            vec!["-q", "delete_vhost", &self.vhost],
-            vec!["-q", "delete_user", &self.publisher],
-            vec!["-q", "delete_user", &self.consumer],
+        for [what, name] in [
+            ["delete_vhost", self.vhost.as_str()],
+            ["delete_user", &self.publisher],
+            ["delete_user", &self.consumer],
         ] {
-            let _ = std::process::Command::new("rabbitmqctl")
-                .args(args)
-                .output();
+            let mut rabbitmqctl = std::process::Command::new("rabbitmqctl");
+            let _ = rabbitmqctl.args(["-q", what, name]).output();
         }
-        let _ = std::fs::remove_file(&self.file);
     }
 }
 
-async fn channel(url: &str) -> (Connection, Channel) {
-    let connection = Connection::connect(url, Default::default())
+async fn connect(url: &str) -> Connection {
+    let connecting = Connection::connect(url, Default::default());
+    connecting
         .await
-        .expect("login with the password set by rabbitmqctl");
-    let channel = connection.create_channel().await.expect("channel");
-    (connection, channel)
+        .expect("login with the password set by rabbitmqctl")
 }
 
 fn assert_refused<T: std::fmt::Debug>(what: &str, result: Result<T, lapin::Error>) {
@@ -179,57 +160,18 @@ fn assert_refused<T: std::fmt::Debug>(what: &str, result: Result<T, lapin::Error
     }
 }
 
-/// An operation a user must not be allowed, on a queue.
-#[derive(Debug, Clone, Copy)]
-enum Op {
-    Consume(&'static str),
-    Get(&'static str),
-    Delete(&'static str),
-    Declare(&'static str),
-}
-
-impl Op {
-    /// Tries it on a fresh channel of `connection`: the broker refuses.
-    async fn assert_refused(self, user: &str, connection: &Connection) {
-        let c = connection.create_channel().await.expect("a channel");
-        let what = format!("{user} {self:?}");
-        let result = match self {
-            Op::Consume(queue) => c
-                .basic_consume(
-                    queue.into(),
-                    "".into(),
-                    Default::default(),
-                    FieldTable::default(),
-                )
-                .await
-                .map(|_| ()),
-            Op::Get(queue) => c
-                .basic_get(queue.into(), Default::default())
-                .await
-                .map(|_| ()),
-            Op::Delete(queue) => c
-                .queue_delete(queue.into(), Default::default())
-                .await
-                .map(|_| ()),
-            Op::Declare(queue) => c
-                .queue_declare(queue.into(), Default::default(), FieldTable::default())
-                .await
-                .map(|_| ()),
-        };
-        assert_refused(&what, result);
-    }
-}
-
-/// Publishes `message` into the ladder as `url`'s user, as the scheduler would.
-async fn scheduler_as(url: &str, message: &order_expiry::publisher::ExpiryMessage) {
-    let mut settings = Settings::default();
-    settings.amqp.url = SecretString::from(url.to_owned());
-    let scheduler = Scheduler::from_settings(&settings).unwrap();
-    scheduler
-        .schedule(message.order_id.clone(), message.due_at)
-        .await
-        .expect("scheduled");
-    scheduler.close().await;
+/// Tries `op` (`consume`, `get`, `delete` or `declare`) on `queue` as `user`,
+/// on a fresh channel of `connection`: the broker must refuse it.
+async fn assert_refused_on(user: &str, connection: &Connection, op: &str, queue: &str) {
+    let c = connection.create_channel().await.expect("a channel");
+    let (q, opts, args) = (queue.into(), Default::default(), Default::default());
+    let result = match op {
+        "consume" => c.basic_consume(q, "".into(), opts, args).await.map(drop),
+        "get" => c.basic_get(q, Default::default()).await.map(drop),
+        "delete" => c.queue_delete(q, Default::default()).await.map(drop),
+        _ => c.queue_declare(q, Default::default(), args).await.map(drop),
+    };
+    assert_refused(&format!("{user} {op} {queue}"), result);
 }
 
 /// Publishes with confirms on a fresh channel: the broker's answer to it.
@@ -243,16 +185,10 @@ async fn publish(
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await?;
-    let confirm = channel
-        .basic_publish(
-            exchange.into(),
-            key.into(),
-            BasicPublishOptions::default(),
-            body,
-            BasicProperties::default().with_content_type("application/json".into()),
-        )
-        .await?;
-    match tokio::time::timeout(Duration::from_secs(10), confirm).await {
+    let options = BasicPublishOptions::default();
+    let properties = BasicProperties::default().with_content_type("application/json".into());
+    let publishing = channel.basic_publish(exchange.into(), key.into(), options, body, properties);
+    match tokio::time::timeout(Duration::from_secs(10), publishing.await?).await {
         Err(_) => panic!("no answer to a publish to {exchange} within 10 s"),
         Ok(Ok(c)) if c.is_ack() => Ok(()),
         Ok(Ok(c)) => panic!("publish to {exchange}: {c:?}"),
@@ -265,11 +201,9 @@ async fn imported_users_have_least_privilege_and_suffice() {
     order_expiry::telemetry::init_tracing_for_tests();
     let imported = Imported::new();
     // No password in the file: both users exist but cannot log in yet.
-    assert!(
-        Connection::connect(&imported.url(&imported.publisher, ""), Default::default())
-            .await
-            .is_err()
-    );
+    let no_password = imported.url(&imported.publisher, "");
+    let refused = Connection::connect(&no_password, Default::default()).await;
+    assert!(refused.is_err(), "logged in without a password");
     let [publisher_url, consumer_url] = [&imported.publisher, &imported.consumer].map(|user| {
         let password = uuid::Uuid::new_v4().simple().to_string();
         rabbitmqctl(&["-q", "change_password", user, &password]);
@@ -278,61 +212,59 @@ async fn imported_users_have_least_privilege_and_suffice() {
     let permitted = rabbitmqctl(&["-q", "list_permissions", "-p", &imported.vhost]);
     assert!(!permitted.contains("guest"), "{permitted}");
 
-    // The publisher schedules through the ladder and straight into the due exchange.
-    // The default settings (prefix `orders`, as in the file), with a schema of
-    // their own in the test database.
+    // The publisher schedules through the ladder and straight into the due
+    // exchange, with the default settings (prefix `orders`, as in the file)
+    // and a schema of their own in the test database.
     let world = World::builder().declare(false).build().await.unwrap();
-    let mut settings = Settings {
-        database: world.settings.database.clone(),
-        ..Settings::default()
-    };
-    settings.amqp.url = SecretString::from(publisher_url.clone());
-    let store = Arc::clone(&world.store);
-    let through_ladder = (String::from("lp-ladder"), at_ms(3_500));
-    let past_due = (String::from("lp-past"), at_ms(-1_000));
-    for (id, due_at) in [&through_ladder, &past_due] {
-        store.create_unpaid(id, *due_at).await.unwrap();
-    }
+    let mut settings = Settings::default();
+    settings.database = world.settings.database.clone();
+    settings.amqp.url = publisher_url.clone().into();
+    let (through_ladder, past_due) = (at_ms(3_500), at_ms(-1_000));
+    world
+        .create_orders(&[
+            ("lp-ladder".into(), through_ladder),
+            ("lp-past".into(), past_due),
+        ])
+        .await;
     let scheduler = Scheduler::from_settings(&settings).unwrap();
-    let scheduled = scheduler
-        .schedule(&through_ladder.0, through_ladder.1)
-        .await
-        .expect("the publisher schedules into the ladder");
-    assert!(
-        scheduled.route.exchange.starts_with("orders.ladder."),
-        "{scheduled:?}"
-    );
-    let scheduled = scheduler
-        .schedule(&past_due.0, past_due.1)
-        .await
-        .expect("the publisher schedules a past due time");
-    assert_eq!(scheduled.route.exchange, "orders.due");
+    // The last is an order not found yet, which the consumer sends through the
+    // ladder again.
+    for (id, due_at, expected) in [
+        ("lp-ladder", through_ladder, "orders.ladder."),
+        ("lp-past", past_due, "orders.due"),
+        ("lp-missing", at_ms(-10), "orders.due"),
+    ] {
+        let scheduled = scheduler.schedule(id, due_at).await.expect("scheduled");
+        let exchange = scheduled
+            .route
+            .exchange
+            .trim_end_matches(|c: char| c.is_ascii_digit());
+        assert_eq!(exchange, expected, "{scheduled:?}");
+    }
     scheduler.close().await;
 
     // ...and a malformed body, which the consumer must park.
-    let (publisher, _) = channel(&publisher_url).await;
+    let publisher = connect(&publisher_url).await;
     publish(&publisher, "orders.due", "raw", b"{not json")
         .await
         .expect("the publisher may publish to the due exchange");
 
     // The publisher can neither consume, read, declare nor delete.
-    for op in [
-        Op::Consume("orders.due"),
-        Op::Get("orders.due"),
-        Op::Delete("orders.due"),
-        Op::Delete("orders.ladder.00"),
-        Op::Declare("orders.mine"),
+    for (op, queue) in [
+        ("consume", "orders.due"),
+        ("get", "orders.due"),
+        ("delete", "orders.due"),
+        ("delete", "orders.ladder.00"),
+        ("declare", "orders.mine"),
     ] {
-        op.assert_refused("publisher", &publisher).await;
+        assert_refused_on("publisher", &publisher, op, queue).await;
     }
     let _ = publisher.close(200, "done".into()).await;
 
     // The real consumer, with the consumer user only: it re-declares its part,
-    // cancels both orders, parks the malformed body, and sends the message of
-    // an order not found yet through the ladder again (once, 2 s later: level 0).
-    let missing = order_expiry_testkit::message("lp-missing", at_ms(-10));
-    scheduler_as(&publisher_url, &missing).await;
-    settings.amqp.url = SecretString::from(consumer_url.clone());
+    // cancels both orders, parks the malformed body, and sends the missing
+    // order's message through the ladder again (once, 2 s later: level 0).
+    settings.amqp.url = consumer_url.clone().into();
     settings.amqp.reconnect_max = Duration::from_millis(500);
     settings.consumer.unknown_rechecks = vec![Duration::from_secs(2)];
     let mut consumer = world.start_consumer_with(&settings);
@@ -342,51 +274,49 @@ async fn imported_users_have_least_privilege_and_suffice() {
         .map(|h| (h.order_id.map(String::from), h.outcome))
         .collect();
     got.sort_by_key(|(id, outcome)| (id.clone(), outcome.label()));
+    let order = |id: &str, outcome| (Some(id.to_owned()), outcome);
     assert_eq!(
         got,
         [
             (None, Outcome::Parked),
-            (Some("lp-ladder".into()), Outcome::Cancelled),
-            (Some("lp-missing".into()), Outcome::Unknown),
-            (Some("lp-missing".into()), Outcome::UnknownRequeued),
-            (Some("lp-past".into()), Outcome::Cancelled),
+            order("lp-ladder", Outcome::Cancelled),
+            order("lp-missing", Outcome::Unknown),
+            order("lp-missing", Outcome::UnknownRequeued),
+            order("lp-past", Outcome::Cancelled),
         ]
     );
     // Quorum queue counters reach `list_queues` a moment after the confirm.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while imported.ready("orders.parked") != 1 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(imported.ready("orders.parked"), 1);
+    eventually(Duration::from_secs(5), "one parked", async || {
+        imported.ready("orders.parked") == 1
+    })
+    .await;
 
     // The consumer publishes into the due exchange only with a zero delay's
     // key, and cannot touch the ladder's queues.
-    let (consumer_connection, _) = channel(&consumer_url).await;
-    for key in [
-        "0.0.0",
-        "",
-        "#",
-        "0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.1",
+    let consumer_connection = connect(&consumer_url).await;
+    let long_key = "0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.1";
+    for (exchange, key) in [
+        ("orders.due", "0.0.0"),
+        ("orders.due", ""),
+        ("orders.due", "#"),
+        ("orders.due", long_key),
+        ("amq.topic", "x"),
     ] {
+        let what = format!("consumer publish to {exchange} with key {key:?}");
         assert_refused(
-            &format!("consumer publish to orders.due with key {key:?}"),
-            publish(&consumer_connection, "orders.due", key, b"{}").await,
+            &what,
+            publish(&consumer_connection, exchange, key, b"{}").await,
         );
     }
-    assert_refused(
-        "consumer publish to amq.topic",
-        publish(&consumer_connection, "amq.topic", "x", b"{}").await,
-    );
-    for op in [Op::Get("orders.ladder.00"), Op::Delete("orders.ladder.00")] {
-        op.assert_refused("consumer", &consumer_connection).await;
+    for op in ["get", "delete"] {
+        assert_refused_on("consumer", &consumer_connection, op, "orders.ladder.00").await;
     }
     let _ = consumer_connection.close(200, "done".into()).await;
-
     consumer.stop().await;
 
     // serve's outbox relay, as the consumer user: a row due in 40 s enters the
     // ladder, one due already goes to the due exchange with the zero key.
-    let db = store.client().await.unwrap();
+    let db = world.store.client().await.unwrap();
     db.batch_execute(
         "INSERT INTO order_expiry_outbox (order_id, due_at) VALUES \
          ('lp-outbox-ladder', now() + interval '40 s'), ('lp-outbox-past', now() - interval '1 s')",

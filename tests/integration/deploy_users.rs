@@ -9,10 +9,7 @@ use std::collections::HashMap;
 use order_expiry_testkit::{rabbitmqctl, succeeded};
 use serde_json::Value;
 
-fn repo_file(path: &str) -> String {
-    let full = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
-    std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
-}
+use crate::docs::repo_file;
 
 /// user → password of every `amqp://user:password@` URL in `text`.
 fn url_passwords(text: &str) -> HashMap<String, String> {
@@ -36,9 +33,8 @@ struct Users(Vec<String>);
 impl Drop for Users {
     fn drop(&mut self) {
         for user in &self.0 {
-            let _ = std::process::Command::new("rabbitmqctl")
-                .args(["-q", "delete_user", user])
-                .output();
+            let mut rabbitmqctl = std::process::Command::new("rabbitmqctl");
+            let _ = rabbitmqctl.args(["-q", "delete_user", user]).output();
         }
     }
 }
@@ -51,16 +47,12 @@ fn the_dev_users_file_holds_the_documented_passwords() {
         serde_json::from_str(&repo_file("deploy/rabbitmq/20-dev-users.json")).unwrap();
     let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
     let mut users = file["users"].as_array().unwrap().clone();
+    let mut imported = Users(Vec::new());
     for user in &mut users {
-        let name = user["name"].as_str().unwrap();
-        user["name"] = format!("{name}-{suffix}").into();
+        let name = format!("{}-{suffix}", user["name"].as_str().unwrap());
+        imported.0.push(name.clone());
+        user["name"] = name.into();
     }
-    let imported = Users(
-        users
-            .iter()
-            .map(|u| u["name"].as_str().unwrap().to_owned())
-            .collect(),
-    );
     let path = std::env::temp_dir().join(format!("order-expiry-users-{suffix}.json"));
     std::fs::write(&path, serde_json::json!({ "users": users }).to_string()).unwrap();
     rabbitmqctl(&["-q", "import_definitions", path.to_str().unwrap()]);
@@ -71,11 +63,11 @@ fn the_dev_users_file_holds_the_documented_passwords() {
         let password = passwords.get(documented).unwrap_or_else(|| {
             panic!("no URL in docker-compose.yml or docs/src/operating/deploy.md uses {documented}")
         });
-        let out = std::process::Command::new("rabbitmqctl")
+        let mut authenticate = std::process::Command::new("rabbitmqctl");
+        let out = authenticate
             .args(["-q", "authenticate_user", name, password])
-            .output()
-            .expect("rabbitmqctl runs");
+            .output();
         let refused = format!("{documented}: the broker refuses the documented password");
-        succeeded(refused, &out);
+        succeeded(refused, &out.expect("rabbitmqctl runs"));
     }
 }

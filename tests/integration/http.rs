@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use order_expiry::service::Service;
-use order_expiry_testkit::{World, http_get};
+use order_expiry_testkit::{World, eventually, http_get, metric_value};
 use tokio_util::sync::CancellationToken;
 
 async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
@@ -22,39 +22,28 @@ async fn health_readiness_and_metrics() {
     let task = tokio::spawn(service.run(stop.clone()));
 
     assert_eq!(get(addr, "/healthz").await.0, 200);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !readiness.is_consuming() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never started consuming"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(Duration::from_secs(10), "consuming", async || {
+        readiness.is_consuming()
+    })
+    .await;
     let (status, body) = get(addr, "/readyz").await;
     assert_eq!(status, 200, "{body}");
 
-    let scheduler = order_expiry::Scheduler::from_settings(&env.settings).unwrap();
+    let scheduler = env.scheduler();
     scheduler
         .schedule("m-unknown", order_expiry_testkit::at_ms(-1))
         .await
         .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let (_, metrics) = get(addr, "/metrics").await;
-        // Every outcome is exported from the start at 0: wait for a non-zero one.
-        let unknown = metrics.lines().any(|l| {
-            l.starts_with("order_expiry_messages_total{outcome=\"unknown\"}") && !l.ends_with(" 0")
-        });
-        if unknown {
-            assert!(metrics.contains("order_expiry_schedule_total"), "{metrics}");
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "metrics never showed the outcome: {metrics}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // Every outcome is exported from the start at 0: wait for a non-zero one.
+    let unknown = "order_expiry_messages_total{outcome=\"unknown\"}";
+    eventually(
+        Duration::from_secs(10),
+        "the outcome in /metrics",
+        async || metric_value(&get(addr, "/metrics").await.1, unknown) > 0.0,
+    )
+    .await;
+    let (_, metrics) = get(addr, "/metrics").await;
+    assert!(metrics.contains("order_expiry_schedule_total"), "{metrics}");
     scheduler.close().await;
 
     stop.cancel();

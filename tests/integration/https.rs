@@ -24,25 +24,22 @@ fn over_https(env: &World, base: &str, tls_ca_file: std::path::PathBuf) -> Setti
     settings
 }
 
-/// A fake order service behind a TLS front whose certificate the test CA signed.
-async fn order_service_over_tls() -> (Pki, Endpoint, TlsFront) {
+/// A fake order service behind a TLS front whose certificate the test CA
+/// signed; its `https://` base URL.
+async fn order_service_over_tls() -> (Pki, Endpoint, TlsFront, String) {
     let pki = Pki::new();
     let endpoint = Endpoint::start().await;
-    let front = TlsFront::start(
-        endpoint.addr,
-        &pki.path("server.pem"),
-        &pki.path("server.key"),
-    )
-    .await;
-    (pki, endpoint, front)
+    let (cert, key) = (pki.path("server.pem"), pki.path("server.key"));
+    let front = TlsFront::start(endpoint.addr, &cert, &key).await;
+    let base = format!("https://127.0.0.1:{}", front.addr.port());
+    (pki, endpoint, front, base)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_action_and_the_check_trust_a_private_ca_through_tls_ca_file() {
     let env = World::new().await;
-    let (pki, endpoint, front) = order_service_over_tls().await;
+    let (pki, endpoint, front, base) = order_service_over_tls().await;
     endpoint.script("payment", "tls-1", vec![Reply::Payment("unpaid")]);
-    let base = format!("https://127.0.0.1:{}", front.addr.port());
     let settings = over_https(&env, &base, pki.path("ca.pem"));
     let mut consumer = env.start_consumer_with(&settings);
     env.scheduler().schedule("tls-1", at_ms(-5)).await.unwrap();
@@ -59,30 +56,20 @@ async fn the_action_and_the_check_trust_a_private_ca_through_tls_ca_file() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_signed_by_a_ca_nobody_configured_is_never_spoken_to() {
     let env = World::new().await;
-    let (pki, endpoint, front) = order_service_over_tls().await;
-    let base = format!("https://127.0.0.1:{}", front.addr.port());
+    let (pki, endpoint, front, base) = order_service_over_tls().await;
     let settings = over_https(&env, &base, pki.path("other-ca.pem"));
     let mut consumer = env.start_consumer_with(&settings);
     env.scheduler().schedule("tls-2", at_ms(-5)).await.unwrap();
 
     // Retried on its backoff (held, then through the ladder): never
     // expired, no request, no completed handshake.
-    let meanwhile = consumer.during(Duration::from_secs(2)).await;
-    assert!(
-        meanwhile
-            .iter()
-            .all(|h| h.outcome == Outcome::RetryRequeued),
-        "{meanwhile:?}"
-    );
+    let retried = Outcome::RetryRequeued;
+    consumer.only_during(Duration::from_secs(2), retried).await;
     assert!(endpoint.requests().is_empty());
     assert_eq!(front.handshakes(), 0);
     consumer.stop().await;
-    // The due queue and every level.
     let waiting = env.ladder_depth(None).await;
-    assert_eq!(
-        waiting, 1,
-        "the order waits in the due queue or the ladder, not parked or lost"
-    );
+    assert_eq!(waiting, 1, "the order waits in the due queue or the ladder");
     assert_eq!(env.depth(&env.ladder().parked_queue()).await, 0);
     env.cleanup().await;
 }

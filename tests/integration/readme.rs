@@ -1,20 +1,15 @@
 //! The README, a front door a newcomer reads in five minutes: at most 320
 //! lines, naming the book, its Python and Rust snippets the examples' own text,
-//! and its snippets run: the outbox SQL (the 30-minute window shortened to 2 s)
-//! and the Rust `create_order` (the function of `examples/outbox_order.rs`,
-//! compiled in here) against the real database, while the real `serve` relays
-//! the outbox and cancels every order on time, the sweeper off. The Python
-//! snippet runs in `outbox_clients.rs`; the links and the settings' defaults
-//! are checked in `docs.rs`.
-
-use std::time::Duration;
+//! and its snippets run against the real database and `serve`: the outbox SQL
+//! (its 30-minute window shortened to 2 s) and the Rust `create_order` of
+//! `examples/outbox_order.rs`. The Python snippet runs in `outbox_clients.rs`;
+//! links and defaults are checked in `docs.rs`.
 
 use order_expiry_testkit::{World, at_ms};
 
 use crate::docs::repo_file;
 use crate::outbox::{assert_cancelled_on_time, outbox_rows};
 
-/// The most lines the README may have.
 const README_MAX_LINES: usize = 320;
 
 #[allow(dead_code)] // the example's `main` is not called here
@@ -41,20 +36,14 @@ fn the_readme_is_a_short_front_door() {
     );
     for (needle, what) in [
         ("docs/src/SUMMARY.md", "the book"),
-        (
-            "docs/src/how-it-works/architecture.md",
-            "one order's journey",
-        ),
+        ("docs/src/how-it-works/architecture.md", "the journey"),
         ("docs/src/contract/configuration.md", "every setting"),
         ("scripts/demo", "the demo"),
         ("scripts/test", "the tests"),
         ("/healthz", "liveness"),
         ("/readyz", "readiness"),
     ] {
-        assert!(
-            readme.contains(needle),
-            "README should name {what} ({needle})"
-        );
+        assert!(readme.contains(needle), "README lacks {what} ({needle})");
     }
 }
 
@@ -80,8 +69,7 @@ fn the_readme_snippets_are_the_examples_own_text() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_snippets_schedule_orders_cancelled_on_time() {
     let env = World::new().await;
-    let mut served = env.serve(&[]).await;
-    served.wait_ready(Duration::from_secs(20)).await;
+    let served = env.serve_ready(&[]).await;
     let mut db = env.connect().await.expect("database");
 
     let sql = code_blocks(&repo_file("README.md"), "sql").remove(0);
@@ -103,17 +91,11 @@ async fn the_readme_snippets_schedule_orders_cancelled_on_time() {
     let refused = create(&mut db, "", false).await;
     assert!(refused.starts_with(": not created"), "{refused}");
 
-    let mut due = Vec::new();
-    for id in ["order-42", "readme-rs"] {
-        due.push((id.to_owned(), env.order(id).await.1));
-    }
-    assert_cancelled_on_time(&env, &due).await;
+    assert_cancelled_on_time(&env, &["order-42", "readme-rs"]).await;
     let orders = env.orders().await.expect("orders");
     assert!(!orders.contains_key("readme-rs-rolled-back") && !orders.contains_key(""));
     assert_eq!(outbox_rows(&env).await, 0);
     served.assert_nothing_swept().await;
-    served.signal("-TERM");
-    let status = served.wait_exit(Duration::from_secs(15)).await;
-    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    served.terminate().await;
     env.cleanup().await;
 }

@@ -2,7 +2,7 @@
 //! (no restart: `rabbit_networking:start_ssl_listener/4`, stopped again on drop),
 //! with a CA and certificates generated here by the openssl CLI.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -10,7 +10,7 @@ use order_expiry::{
     ScheduleError, Scheduler, amqp::ConnectError, amqp::TlsFiles, service::Outcome,
     topology::Ladder,
 };
-use order_expiry_testkit::{World, at_ms, free_port, rabbitmqctl, succeeded, vhost};
+use order_expiry_testkit::{World, amqp_url_on, at_ms, free_port, rabbitmqctl, succeeded};
 use secrecy::SecretString;
 
 /// A throw-away PKI: a CA, a server certificate for 127.0.0.1 and a client
@@ -21,30 +21,45 @@ pub(crate) struct Pki {
 
 impl Pki {
     pub(crate) fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "order-expiry-tls-{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..12]
-        ));
+        let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
+        let dir = std::env::temp_dir().join(format!("order-expiry-tls-{id}"));
         std::fs::create_dir_all(&dir).unwrap();
         let pki = Self { dir };
-        pki.ca("ca", "order-expiry test CA");
-        pki.ca("other-ca", "someone else's CA");
-        pki.leaf(
-            "server",
-            "127.0.0.1",
-            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
-        );
-        pki.leaf(
-            "client",
-            "order-expiry client",
-            "extendedKeyUsage=clientAuth\n",
-        );
-        // The broker runs as another user: it must read the files.
-        for entry in std::fs::read_dir(&pki.dir).unwrap() {
-            let path = entry.unwrap().path();
-            let _ = Command::new("chmod").arg("0644").arg(&path).status();
+        let key = "-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes";
+        for (ca, cn) in [
+            ("ca", "order-expiry-test-CA"),
+            ("other-ca", "someone-elses-CA"),
+        ] {
+            pki.openssl(&format!(
+                "req -x509 {key} -days 2 -subj /CN={cn} -keyout {ca}.key -out {ca}.pem \
+                 -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign"
+            ));
         }
-        let _ = Command::new("chmod").arg("0755").arg(&pki.dir).status();
+        for (leaf, cn, extensions) in [
+            (
+                "server",
+                "127.0.0.1",
+                "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth",
+            ),
+            (
+                "client",
+                "order-expiry-client",
+                "extendedKeyUsage=clientAuth",
+            ),
+        ] {
+            let ext = format!("basicConstraints=critical,CA:FALSE\n{extensions}\n");
+            std::fs::write(pki.path(&format!("{leaf}.ext")), ext).unwrap();
+            pki.openssl(&format!(
+                "req {key} -subj /CN={cn} -keyout {leaf}.key -out {leaf}.csr"
+            ));
+            pki.openssl(&format!(
+                "x509 -req -days 2 -in {leaf}.csr -CA ca.pem -CAkey ca.key -CAcreateserial \
+                 -extfile {leaf}.ext -out {leaf}.pem"
+            ));
+        }
+        // The broker runs as another user: it must read the files.
+        let dir = &pki.dir;
+        let _ = Command::new("chmod").args(["-R", "a+rX"]).arg(dir).status();
         pki
     }
 
@@ -52,76 +67,14 @@ impl Pki {
         self.dir.join(file)
     }
 
-    fn ca(&self, name: &str, cn: &str) {
-        openssl(
-            &self.dir,
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-nodes",
-                "-days",
-                "2",
-                "-subj",
-                &format!("/CN={cn}"),
-                "-addext",
-                "basicConstraints=critical,CA:TRUE",
-                "-addext",
-                "keyUsage=critical,keyCertSign,cRLSign",
-                "-keyout",
-                &format!("{name}.key"),
-                "-out",
-                &format!("{name}.pem"),
-            ],
-        );
-    }
-
-    fn leaf(&self, name: &str, cn: &str, extensions: &str) {
-        std::fs::write(
-            self.path(&format!("{name}.ext")),
-            format!("basicConstraints=critical,CA:FALSE\n{extensions}"),
-        )
-        .unwrap();
-        openssl(
-            &self.dir,
-            &[
-                "req",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-nodes",
-                "-subj",
-                &format!("/CN={cn}"),
-                "-keyout",
-                &format!("{name}.key"),
-                "-out",
-                &format!("{name}.csr"),
-            ],
-        );
-        openssl(
-            &self.dir,
-            &[
-                "x509",
-                "-req",
-                "-days",
-                "2",
-                "-in",
-                &format!("{name}.csr"),
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-extfile",
-                &format!("{name}.ext"),
-                "-out",
-                &format!("{name}.pem"),
-            ],
-        );
+    /// `openssl ARGS` (split at whitespace) in the PKI's directory.
+    fn openssl(&self, args: &str) {
+        let out = Command::new("openssl")
+            .args(args.split_whitespace())
+            .current_dir(&self.dir)
+            .output()
+            .expect("the openssl CLI runs (apt-get install openssl)");
+        succeeded(format_args!("openssl {args}"), &out);
     }
 }
 
@@ -129,15 +82,6 @@ impl Drop for Pki {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("the openssl CLI runs (apt-get install openssl)");
-    succeeded(format_args!("openssl {args:?}"), &out);
 }
 
 /// A TLS listener on the running broker, on a free port; stopped on drop.
@@ -175,25 +119,17 @@ impl TlsListener {
     }
 
     fn url(&self) -> SecretString {
-        let vhost = vhost().replace('%', "%25").replace('/', "%2f");
-        SecretString::from(format!(
-            "amqps://guest:guest@127.0.0.1:{}/{vhost}",
-            self.port
-        ))
+        amqp_url_on(self.port)
+            .replacen("amqp://", "amqps://", 1)
+            .into()
     }
 
     /// How many client connections on this listener use TLS.
     fn tls_connections(&self) -> usize {
-        let out = rabbitmqctl(&[
-            "-q",
-            "list_connections",
-            "--no-table-headers",
-            "port",
-            "ssl",
-        ]);
-        out.lines()
-            .filter(|l| *l == format!("{}\ttrue", self.port))
-            .count()
+        let args = "-q list_connections --no-table-headers port ssl";
+        let out = rabbitmqctl(&args.split(' ').collect::<Vec<_>>());
+        let tls = format!("{}\ttrue", self.port);
+        out.lines().filter(|l| *l == tls).count()
     }
 }
 
@@ -209,11 +145,13 @@ impl Drop for TlsListener {
     }
 }
 
-fn tls(ca: Option<PathBuf>, cert: Option<PathBuf>, key: Option<PathBuf>) -> TlsFiles {
+/// The TLS files of `pki` named (`""`: none).
+fn tls(pki: &Pki, [ca, cert, key]: [&str; 3]) -> TlsFiles {
+    let file = |name: &str| (!name.is_empty()).then(|| pki.path(name));
     TlsFiles {
-        ca_file: ca,
-        cert_file: cert,
-        key_file: key,
+        ca_file: file(ca),
+        cert_file: file(cert),
+        key_file: file(key),
     }
 }
 
@@ -243,19 +181,15 @@ async fn amqps_schedules_and_consumes_and_a_wrong_ca_fails_clearly() {
 
     let due_at = at_ms(1_500);
     env.create_orders(&[("tls-1".into(), due_at)]).await;
-    let scheduler = Scheduler::from_settings(&env.settings).unwrap();
-    scheduler
-        .schedule("tls-1", due_at)
-        .await
-        .expect("schedule over amqps://");
+    let scheduler = env.scheduler();
+    let scheduled = scheduler.schedule("tls-1", due_at).await;
+    scheduled.expect("schedule over amqps://");
     let mut consumer = env.start_consumer();
     let handled = consumer.next_n(1, Duration::from_secs(15)).await;
     assert_eq!(handled[0].order_id.as_deref(), Some("tls-1"));
     assert_eq!(handled[0].outcome, Outcome::Cancelled);
-    assert!(
-        listener.tls_connections() >= 2,
-        "the publisher and the consumer connect over TLS"
-    );
+    let over_tls = listener.tls_connections();
+    assert!(over_tls >= 2, "the publisher and the consumer: {over_tls}");
     scheduler.close().await;
     consumer.stop().await;
 
@@ -268,42 +202,36 @@ async fn amqps_schedules_and_consumes_and_a_wrong_ca_fails_clearly() {
         .schedule("tls-2", at_ms(1_000))
         .await
         .expect_err("a wrong CA must not connect");
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "took {:?}",
-        started.elapsed()
-    );
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(5), "took {took:?}");
     assert!(matches!(error, ScheduleError::Connect(_)), "{error:?}");
     let text = error.to_string();
-    assert!(text.contains("certificate"), "not clear enough: {text}");
-    assert!(text.contains("amqp.tls_ca_file"), "no hint: {text}");
-    assert!(text.contains("amqps://guest:***@127.0.0.1"), "{text}");
+    for said in [
+        "certificate",
+        "amqp.tls_ca_file",
+        "amqps://guest:***@127.0.0.1",
+    ] {
+        assert!(text.contains(said), "no {said:?}: {text}");
+    }
     assert!(!text.contains("guest:guest"), "{text}");
 
-    // No CA file: the system roots do not know the test CA either.
-    let error = connect(&listener.url(), TlsFiles::default())
-        .await
-        .expect_err("an unknown issuer must not connect");
-    assert!(error.to_string().contains("certificate"), "{error}");
-
-    // Misconfigurations are named before any network traffic.
-    let missing = tls(Some(pki.path("missing.pem")), None, None);
-    let error = connect(&listener.url(), missing)
-        .await
-        .expect_err("a missing CA file");
-    assert!(matches!(error, ConnectError::Tls { .. }), "{error:?}");
-    assert!(error.to_string().contains("missing.pem"), "{error}");
-    let not_a_ca = tls(Some(pki.path("server.ext")), None, None);
-    let error = connect(&listener.url(), not_a_ca)
-        .await
-        .expect_err("a CA file without certificates");
-    assert!(error.to_string().contains("no PEM certificate"), "{error}");
+    // No CA file (the system roots do not know the test CA either), and
+    // misconfigurations named before any network traffic.
     let plain = SecretString::from(order_expiry_testkit::amqp_url());
-    let error = connect(&plain, tls(Some(pki.path("ca.pem")), None, None))
-        .await
-        .expect_err("TLS files with an amqp:// URL");
-    assert!(error.to_string().contains("not amqps://"), "{error}");
-
+    for (url, files, said) in [
+        (listener.url(), ["", "", ""], "certificate"),
+        (listener.url(), ["missing.pem", "", ""], "missing.pem"),
+        (listener.url(), ["server.ext", "", ""], "no PEM certificate"),
+        (plain, ["ca.pem", "", ""], "not amqps://"),
+    ] {
+        let error = connect(&url, tls(&pki, files))
+            .await
+            .expect_err("no connection");
+        assert!(error.to_string().contains(said), "{files:?}: {error}");
+        if files[0] == "missing.pem" {
+            assert!(matches!(error, ConnectError::Tls { .. }), "{error:?}");
+        }
+    }
     env.cleanup().await;
 }
 
@@ -311,23 +239,23 @@ async fn amqps_schedules_and_consumes_and_a_wrong_ca_fails_clearly() {
 async fn a_client_certificate_is_sent_when_the_broker_requires_one() {
     let pki = Pki::new();
     let listener = TlsListener::start(&pki, true);
-    let timeout = Duration::from_secs(5);
-    let with_certificate = tls(
-        Some(pki.path("ca.pem")),
-        Some(pki.path("client.pem")),
-        Some(pki.path("client.key")),
-    );
-    connect(&listener.url(), with_certificate)
-        .await
-        .expect("mutual TLS with the client certificate: connection, channel, confirm mode");
+    connect(
+        &listener.url(),
+        tls(&pki, ["ca.pem", "client.pem", "client.key"]),
+    )
+    .await
+    .expect("mutual TLS with the client certificate: connection, channel, confirm mode");
 
     let started = Instant::now();
-    let without = tls(Some(pki.path("ca.pem")), None, None);
-    let result = connect(&listener.url(), without).await;
+    let result = connect(&listener.url(), tls(&pki, ["ca.pem", "", ""])).await;
     assert!(result.is_err(), "the broker requires a client certificate");
-    assert!(started.elapsed() < timeout, "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
 
-    let half = tls(Some(pki.path("ca.pem")), Some(pki.path("client.pem")), None);
+    let half = tls(&pki, ["ca.pem", "client.pem", ""]);
     let error = connect(&listener.url(), half)
         .await
         .expect_err("a certificate without its key");
