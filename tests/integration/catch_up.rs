@@ -28,9 +28,14 @@ fn most_in_a_second(rate: usize, bundle: usize) -> usize {
 }
 
 /// A world whose due queue moves what no consumer took within [`AFTER`] to
-/// its catch-up queue.
+/// its catch-up queue, with 8 ladder levels (up to 255 s): the full-size
+/// order-service outage schedules orders 150 s ahead.
 async fn world() -> World {
-    let world = World::builder().catch_up_after(AFTER).build().await;
+    let world = World::builder()
+        .catch_up_after(AFTER)
+        .levels(8)
+        .build()
+        .await;
     world.expect("a world")
 }
 
