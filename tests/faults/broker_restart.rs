@@ -29,7 +29,7 @@ use order_expiry_testkit::{Endpoint, Lateness, Orders};
 
 use crate::support::{
     Fault, Outage, ReadyWatch, Subscriber, assert_not_ready, broker_log_count, dead_letter_retry,
-    ensure_ballast, kill_9, pace, ready, settle, world,
+    ensure_ballast, kill_9, pace, settle, world,
 };
 
 /// The promise: cancelled within the broker's dead-letter retry and this of
@@ -90,7 +90,7 @@ async fn broker_outage(name: &'static str, fault: Fault, consumer: Consumer, exp
         env.push(("ORDER_EXPIRY__ACTION__KIND", "amqp"));
         env.push(("ORDER_EXPIRY__ACTION__AMQP__EXCHANGE", &subscriber.exchange));
     }
-    let mut served = ready(&world, &env).await;
+    let mut served = world.serve_ready(&env).await;
     let mut watch = Some(ReadyWatch::start(&served));
     let pace = pace(Duration::from_millis(20));
     let orders = Orders::start(Arc::clone(&world.store), world.scheduler(), pace);

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
 
-use crate::support::{Fault, Outage, build, orders, poll, ready, schedule_all};
+use crate::support::{Fault, Outage, build, orders, poll, schedule_all};
 use order_expiry_testkit::{World, busiest_second};
 
 /// One run's size.
@@ -67,7 +67,7 @@ async fn run(size: Size) {
         .iter()
         .map(|r| ("ORDER_EXPIRY__CONSUMER__CATCH_UP_RATE", r.as_str()))
         .collect();
-    let served = ready(&world, &env).await;
+    let served = world.serve_ready(&env).await;
     // `per_second` a second from `lead` on, through the outage and `after`
     // past it.
     let count = size.per_second * (size.outage + size.after).as_secs() as usize;

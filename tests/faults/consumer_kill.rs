@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::{
     CANCELLED, Ledger, NOT_UNPAID, WAITING_CANCEL, World, at_ms, ids, json, kill_9, messages,
-    order, orders, poll, ready, settle, world,
+    order, orders, poll, settle, world,
 };
 
 /// Orders early enough to be held unacked until due when the consumer dies.
@@ -60,7 +60,7 @@ async fn killed_holding(bundled: bool) {
     };
     let world = world(name).await;
     // Its cancel must block on the locked rows: the statement that waits.
-    let mut first = ready(&world, &WAITING_CANCEL).await;
+    let mut first = world.serve_ready(&WAITING_CANCEL).await;
     let held = orders("held", HELD, |i| 6000 + i);
     let in_flight = orders("inflight", IN_FLIGHT, |_| -10);
     let ladder = orders("ladder", LADDER, |i| 1500 + (i * 37) % 2500);
@@ -192,7 +192,7 @@ async fn kill_9_repeats_only_the_pass_in_flight() {
         ("ORDER_EXPIRY__ACTION__HTTP__BASE_URL", base_url.as_str()),
         ("ORDER_EXPIRY__CONSUMER__UNKNOWN_RECHECKS_MS", "500"),
     ];
-    let mut first = ready(&world, &env).await;
+    let mut first = world.serve_ready(&env).await;
 
     // Bundle A, due in 1.5 s: settled long before the kill.
     let a_due = at_ms(1_500);

@@ -5,9 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::{
-    Fault, Ledger, Outage, ReadyWatch, assert_not_ready, orders, ready, settle, world,
-};
+use crate::support::{Fault, Ledger, Outage, ReadyWatch, assert_not_ready, orders, settle, world};
 
 const ORDERS: usize = 400;
 const OUTAGE: Duration = Duration::from_secs(10);
@@ -17,7 +15,7 @@ const MAX_CPU_SECONDS: f64 = 0.5;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_down_for_ten_seconds_backs_off_and_loses_nothing() {
     let world = world("database outage").await;
-    let mut served = ready(&world, &[]).await;
+    let mut served = world.serve_ready(&[]).await;
     let watch = ReadyWatch::start(&served);
 
     // Due from 1 s to 9 s from now: most come due while the database is down.

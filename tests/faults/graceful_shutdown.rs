@@ -6,8 +6,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use crate::support::{
-    CANCELLED, Ledger, WAITING_CANCEL, ids, messages, next_consumer_finishes, orders, poll, ready,
-    world,
+    CANCELLED, Ledger, WAITING_CANCEL, ids, messages, next_consumer_finishes, orders, poll, world,
 };
 use chrono::Utc;
 
@@ -24,7 +23,7 @@ async fn sigterm_under_load_exits_zero_and_hands_back_what_it_did_not_finish() {
     let world = world("graceful shutdown").await;
     let drain = DRAIN_TIMEOUT_MS.to_string();
     let env = [("ORDER_EXPIRY__CONSUMER__DRAIN_TIMEOUT_MS", drain.as_str())];
-    let mut first = ready(&world, &env).await;
+    let mut first = world.serve_ready(&env).await;
     let due = orders("due", DUE, |i| -1000 - i);
     world.create_orders(&due).await;
     let held = orders("held", HELD, |i| HELD_FOR_MS + i);
@@ -140,7 +139,7 @@ async fn sigterm_with_cancels_stuck_in_the_database_exits_at_the_drain_timeout()
     let env = [("ORDER_EXPIRY__CONSUMER__DRAIN_TIMEOUT_MS", drain.as_str())];
     // Its cancels must block on the locked rows: the statement that waits.
     let stuck_env = [&env[..], &WAITING_CANCEL[..]].concat();
-    let mut first = ready(&world, &stuck_env).await;
+    let mut first = world.serve_ready(&stuck_env).await;
     let stuck = orders("stuck", STUCK, |_| -10);
     world.create_orders(&stuck).await;
     let lock = world.lock_rows(&ids(&stuck)).await;

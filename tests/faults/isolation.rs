@@ -13,8 +13,8 @@ use order_expiry_testkit::Proxy;
 use secrecy::ExposeSecret;
 
 use crate::support::{
-    Ledger, ReadyWatch, assert_not_ready, dead_letter_retry, orders, poll, ready, schedule_all,
-    settle, world,
+    Ledger, ReadyWatch, assert_not_ready, dead_letter_retry, orders, poll, schedule_all, settle,
+    world,
 };
 
 /// Lateness bound for the orders that share nothing with the fault.
@@ -28,7 +28,9 @@ async fn one_order_locked_for_thirty_seconds_holds_up_no_other() {
     // (1 s here) while its row is locked.
     const AFTER_RELEASE: Duration = Duration::from_millis(2500);
     let world = world("row lock").await;
-    let served = ready(&world, &[("ORDER_EXPIRY__CONSUMER__RETRY_MAX_MS", "1000")]).await;
+    let served = world
+        .serve_ready(&[("ORDER_EXPIRY__CONSUMER__RETRY_MAX_MS", "1000")])
+        .await;
     // Due 3.0-3.5 s from now: they come due together and share batches.
     let orders = orders("lock", ORDERS, |i| 3000 + i);
     world.create_orders(&orders).await;
@@ -106,7 +108,7 @@ async fn a_silent_database_for_a_minute_loses_nothing_and_does_not_spin() {
         ("ORDER_EXPIRY__DATABASE__URL", url.as_str()),
         ("ORDER_EXPIRY__CONSUMER__RETRY_MAX_MS", "1000"),
     ];
-    let mut served = ready(&world, &env).await;
+    let mut served = world.serve_ready(&env).await;
     let watch = ReadyWatch::start(&served);
 
     // Due every 100 ms from 2 s to 62 s: most come due while the database is silent.
@@ -204,7 +206,7 @@ async fn a_deleted_due_queue_is_declared_again_and_nothing_is_lost() {
         ("ORDER_EXPIRY__SWEEPER__INTERVAL_MS", every.as_str()),
         ("ORDER_EXPIRY__SWEEPER__GRACE_MS", grace.as_str()),
     ];
-    let served = ready(&world, &sweeper).await;
+    let served = world.serve_ready(&sweeper).await;
     // Due every 30 ms from 2 s to 11 s, through the ladder.
     let orders = orders("dq", ORDERS, |i| 2000 + i * 30);
     let scheduler = world.scheduler();

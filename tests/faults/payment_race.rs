@@ -9,7 +9,7 @@ use chrono::Utc;
 use order_expiry_testkit::connect_database;
 use rand::Rng;
 
-use crate::support::{Ledger, orders, ready, schedule_all, settle, world};
+use crate::support::{Ledger, orders, schedule_all, settle, world};
 
 const ORDERS: usize = 400;
 const PAYERS: usize = 8;
@@ -26,7 +26,7 @@ const ON_TIME_SHARE: f64 = 0.9;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payments_racing_the_due_time_are_never_cancelled() {
     let world = world("payment race").await;
-    let served = ready(&world, &[]).await;
+    let served = world.serve_ready(&[]).await;
     // Due 3-5 s from now, 5 ms apart.
     let orders = orders("race", ORDERS, |i| 3000 + i * 5);
     world.create_orders(&orders).await;

@@ -67,20 +67,6 @@ pub fn orders(prefix: &str, n: usize, due_ms: impl Fn(i64) -> i64) -> Vec<(Strin
         .collect()
 }
 
-/// `serve` with `env`, once `/readyz` says 200.
-pub async fn ready(world: &World, env: &[(&str, &str)]) -> Served {
-    let served = world.serve(env).await;
-    served.wait_ready(Duration::from_secs(30)).await;
-    served
-}
-
-/// Persistent `application/json` properties, as the publisher sends them.
-pub fn json() -> lapin::BasicProperties {
-    lapin::BasicProperties::default()
-        .with_content_type("application/json".into())
-        .with_delivery_mode(2)
-}
-
 /// The ids of `orders`.
 pub fn ids(orders: &[(String, DateTime<Utc>)]) -> Vec<&str> {
     orders.iter().map(|(id, _)| id.as_str()).collect()
