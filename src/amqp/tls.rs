@@ -191,9 +191,7 @@ mod tests {
             ..TlsFiles::default()
         };
         let error = missing.load().unwrap_err().to_string();
-        assert!(
-            error.contains("amqp.tls_ca_file /nonexistent/ca.pem"),
-            "{error}"
-        );
+        let named = "amqp.tls_ca_file /nonexistent/ca.pem";
+        assert!(error.contains(named), "{error}");
     }
 }

@@ -147,9 +147,7 @@ mod tests {
     use crate::publisher::OrderId;
 
     fn at(text: &str) -> DateTime<Utc> {
-        DateTime::parse_from_rfc3339(text)
-            .unwrap()
-            .with_timezone(&Utc)
+        text.parse().unwrap()
     }
 
     fn message(id: &str) -> ExpiryMessage {

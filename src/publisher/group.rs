@@ -294,12 +294,8 @@ mod tests {
         };
         let bundle = take(&mut waiting, five_ms).unwrap();
         assert_eq!(ids(&bundle), [0, 1, 2], "5.498-5.502 s: within 5 ms");
-        let times: Vec<_> = bundle
-            .members
-            .iter()
-            .map(|(w, _)| w.message.due_at)
-            .collect();
-        let spread = *times.iter().max().unwrap() - *times.iter().min().unwrap();
+        let times = bundle.members.iter().map(|(w, _)| w.message.due_at);
+        let spread = times.clone().max().unwrap() - times.min().unwrap();
         assert!(spread <= TimeDelta::milliseconds(5), "{spread}");
         let next = take(&mut waiting, five_ms).unwrap();
         assert_eq!(ids(&next), [3], "5.503 s alone: 4 is 397 ms later");

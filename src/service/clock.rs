@@ -314,18 +314,12 @@ mod tests {
             let date = reference - ms(reference.timestamp_subsec_millis().into());
             let (lo, hi) = reading_bounds(date, sent, Duration::from_millis(2), ms(1_000));
             let o = estimate.observe(now + Duration::from_millis(i as u64 * 137), lo, hi);
-            assert!(
-                o.offset - o.error <= truth && truth <= o.offset + o.error,
-                "{o:?}"
-            );
+            let pinned = o.offset - o.error..=o.offset + o.error;
+            assert!(pinned.contains(&truth), "{o:?}");
             found = Some(o);
         }
-        let found = found.unwrap();
-        assert!(
-            found.error <= ms(30),
-            "still ±{} ms",
-            found.error.num_milliseconds()
-        );
+        let error = found.unwrap().error;
+        assert!(error <= ms(30), "still ±{error}");
     }
 
     #[test]

@@ -145,10 +145,8 @@ mod tests {
         let text = "failed: amqp://app:s%40cret-pw@rabbit:5672/vh; pw s%40cret-pw or s@cret-pw";
         let scrubbed = scrub_url(text, &url);
         assert!(!scrubbed.contains("cret-pw"), "{scrubbed}");
-        assert!(
-            scrubbed.contains("amqp://app:***@rabbit:5672/vh"),
-            "{scrubbed}"
-        );
+        let kept = "amqp://app:***@rabbit:5672/vh";
+        assert!(scrubbed.contains(kept), "{scrubbed}");
         let opaque = SecretString::from("amqp:app:hunter2@rabbit");
         assert_eq!(
             scrub_url("Invalid URL: 'amqp:app:hunter2@rabbit'", &opaque),
@@ -170,12 +168,16 @@ mod tests {
         for secret in ["pw-one", "pw-two", "p@w3", "p%40w3"] {
             assert!(!scrubbed.contains(secret), "{scrubbed}");
         }
-        assert!(
-            scrubbed.contains("amqp://app:***@rabbit-1:5672/vh"),
-            "{scrubbed}"
-        );
+        let kept = "amqp://app:***@rabbit-1:5672/vh";
+        assert!(scrubbed.contains(kept), "{scrubbed}");
         let urls: Vec<_> = url_list(" a ,, b,").collect();
         assert_eq!(urls, ["a", "b"]);
+        // One URL keeps everything but the password too.
+        let url = SecretString::from("amqp://app:hunter2@rabbit:5672/vh");
+        assert_eq!(redact_url(&url), "amqp://app:***@rabbit:5672/vh");
+        let url = SecretString::from("postgres://u:p%40ss@db/orders?sslmode=require");
+        let redacted = "postgres://u:***@db/orders?sslmode=require";
+        assert_eq!(redact_url(&url), redacted);
     }
 
     #[test]
@@ -190,10 +192,8 @@ mod tests {
         let text = "cannot connect to postgres://app:s%40cret@db-a:5432,db-b:5433/orders?target_session_attrs=read-write (s@cret)";
         let scrubbed = scrub_database_url(text, &url);
         assert!(!scrubbed.contains("cret"), "{scrubbed}");
-        assert!(
-            scrubbed.contains("@db-a:5432,db-b:5433/orders"),
-            "{scrubbed}"
-        );
+        let kept = "@db-a:5432,db-b:5433/orders";
+        assert!(scrubbed.contains(kept), "{scrubbed}");
         let query =
             SecretString::from("postgres://app@db-a,db-b/orders?password=hunter2&sslmode=require");
         assert_eq!(
@@ -203,16 +203,5 @@ mod tests {
         assert!(!scrub_database_url("pw hunter2", &query).contains("hunter2"));
         let keywords = SecretString::from("host=db-a,db-b user=app password=hunter2");
         assert_eq!(redact_database_url(&keywords), "***");
-    }
-
-    #[test]
-    fn redacted_urls_keep_everything_but_the_password() {
-        let url = SecretString::from("amqp://app:hunter2@rabbit:5672/vh");
-        assert_eq!(redact_url(&url), "amqp://app:***@rabbit:5672/vh");
-        let url = SecretString::from("postgres://u:p%40ss@db/orders?sslmode=require");
-        assert_eq!(
-            redact_url(&url),
-            "postgres://u:***@db/orders?sslmode=require"
-        );
     }
 }

@@ -347,11 +347,6 @@ impl Settings {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_defaults_are_valid() {
-        Settings::default().validate().unwrap();
-    }
-
     /// `action.kind = http` at `url`, the sweeper off.
     fn http(s: &mut Settings, url: &str) {
         s.action.kind = ActionKind::Http;
@@ -359,15 +354,17 @@ mod tests {
         s.action.http.base_url = url.into();
     }
 
-    /// The payment check on, at `url`.
+    /// The payment check on at `url`, the sweeper off.
     fn check(s: &mut Settings, url: &str) {
         s.action.check.enabled = true;
         s.action.check.base_url = url.into();
+        s.sweeper.enabled = false;
     }
 
     #[test]
-    fn every_action_works_with_its_own_settings() {
+    fn the_defaults_and_every_action_with_its_own_settings_are_valid() {
         let mut s = Settings::default();
+        s.validate().unwrap();
         http(&mut s, "https://orders.internal/api/");
         s.validate().unwrap();
         s.action.kind = ActionKind::Amqp;
@@ -375,17 +372,6 @@ mod tests {
         s.validate().unwrap();
         check(&mut s, "http://gateway:9000");
         s.validate().unwrap();
-    }
-
-    /// The HTTP action at a valid URL, the sweeper off.
-    fn http_on(s: &mut Settings) {
-        http(s, "http://orders:8080");
-    }
-
-    /// The payment check on at a valid URL, the sweeper off.
-    fn check_on(s: &mut Settings) {
-        check(s, "http://gateway");
-        s.sweeper.enabled = false;
     }
 
     /// Every rejected combination: what is changed, the key named, and a word
@@ -436,23 +422,26 @@ mod tests {
             (|s| http(s, ""), "action.http.base_url", "is empty"),
             (|s| http(s, "ftp://orders"), "action.http.base_url", "not an http"),
             (|s| http(s, "https://"), "action.http.base_url", "with a host"),
-            (|s| { http_on(s); s.action.http.timeout = ms(0) }, "action.http.timeout_ms", "not 0"),
-            (|s| { http_on(s); s.action.http.concurrency = 0 },
+            (|s| { http(s, "http://orders"); s.action.http.timeout = ms(0) },
+                "action.http.timeout_ms", "not 0"),
+            (|s| { http(s, "http://orders"); s.action.http.concurrency = 0 },
                 "action.http.concurrency", "at least 1"),
             (|s| { s.sweeper.enabled = false; s.action.kind = ActionKind::Amqp },
                 "action.amqp.exchange", "is empty"),
-            (|s| { http_on(s); s.sweeper.enabled = true }, "sweeper.enabled", "action.kind = http"),
+            (|s| { http(s, "http://orders"); s.sweeper.enabled = true },
+                "sweeper.enabled", "action.kind = http"),
             (|s| { s.action.kind = ActionKind::Amqp; s.action.amqp.exchange = "events".into() },
                 "sweeper.enabled", "action.kind = amqp"),
-            (|s| check(s, "http://gateway"), "sweeper.enabled", "payment gateway"),
-            (|s| { check(s, ""); s.sweeper.enabled = false }, "action.check.base_url", "is empty"),
-            (|s| { check_on(s); s.action.check.steps = Vec::new() },
+            (|s| { check(s, "http://gateway"); s.sweeper.enabled = true },
+                "sweeper.enabled", "payment gateway"),
+            (|s| check(s, ""), "action.check.base_url", "is empty"),
+            (|s| { check(s, "http://g"); s.action.check.steps = Vec::new() },
                 "action.check.steps_ms", "is empty"),
-            (|s| { check_on(s); s.action.check.steps = vec![ms(1000), ms(0)] },
+            (|s| { check(s, "http://g"); s.action.check.steps = vec![ms(1000), ms(0)] },
                 "action.check.steps_ms", "step of 0 ms"),
-            (|s| { check_on(s); s.action.check.timeout = ms(0) },
+            (|s| { check(s, "http://g"); s.action.check.timeout = ms(0) },
                 "action.check.timeout_ms", "not 0"),
-            (|s| { check_on(s); s.action.check.concurrency = 0 },
+            (|s| { check(s, "http://g"); s.action.check.concurrency = 0 },
                 "action.check.concurrency", "at least 1"),
             (|s| s.amqp.timeout = ms(0), "amqp.timeout_ms", "not 0"),
             (|s| s.amqp.reconnect_initial = ms(0), "amqp.reconnect_initial_ms", "not 0"),

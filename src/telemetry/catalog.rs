@@ -223,17 +223,6 @@ mod tests {
 
     use super::*;
 
-    impl Kind {
-        /// The Prometheus type name.
-        fn as_str(self) -> &'static str {
-            match self {
-                Self::Counter => "counter",
-                Self::Gauge => "gauge",
-                Self::Histogram => "histogram",
-            }
-        }
-    }
-
     fn repo_file(path: &str) -> String {
         let full = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
         std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
@@ -273,7 +262,9 @@ mod tests {
         let catalog = by_name();
         for (name, kind, labels, meaning) in &rows {
             let metric = catalog[name.as_str()];
-            assert_eq!(kind, metric.kind.as_str(), "the book's type of {name}");
+            // The Prometheus type name is the variant's, in lower case.
+            let exported = format!("{:?}", metric.kind).to_lowercase();
+            assert_eq!(kind, &exported, "the book's type of {name}");
             let expected: BTreeSet<String> =
                 metric.labels.iter().map(|l| (*l).to_owned()).collect();
             assert_eq!(labels, &expected, "the book's labels of {name}");

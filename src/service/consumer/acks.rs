@@ -133,10 +133,6 @@ mod tests {
             self.entries.iter().filter(|e| e.1 != State::Acked).count()
         }
 
-        fn is_empty(&self) -> bool {
-            self.len() == 0
-        }
-
         /// Each of `tags` done, its payload its tag.
         fn done(&mut self, tags: &[u64]) {
             for &tag in tags {
@@ -182,7 +178,7 @@ mod tests {
         let acks = t.take(false);
         assert_eq!(acks.multiple_upto, Some(4));
         assert_eq!(acks.payloads, [1, 2, 3, 4]);
-        assert!(t.is_empty());
+        assert_eq!(t.len(), 0);
     }
 
     #[test]
@@ -238,7 +234,7 @@ mod tests {
         assert_eq!(acks.multiple_upto, Some(2));
         assert!(acks.single.is_empty());
         assert_eq!(acks.payloads, [2]);
-        assert!(t.is_empty());
+        assert_eq!(t.len(), 0);
         // Tags go on from there.
         t.received(4);
         t.done(&[4]);

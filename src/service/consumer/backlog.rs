@@ -250,11 +250,8 @@ mod tests {
         // One cancel statement for the hundred, not one each.
         let (batch, _) = backlog.next_batch(200).expect("a batch");
         assert_eq!(batch.len(), 100);
-        assert!(
-            batch
-                .iter()
-                .all(|p| p.message.order_id.as_str().starts_with("now-"))
-        );
+        let mut ids = batch.iter().map(|p| p.message.order_id.as_str());
+        assert!(ids.all(|id| id.starts_with("now-")));
         assert!(backlog.next_batch(200).is_none(), "nothing else is due");
         assert_eq!(backlog.orders(), 10, "the later ones are still held");
     }

@@ -192,17 +192,12 @@ mod tests {
         let rechecks = [Duration::from_secs(1), Duration::from_secs(4)];
         let unknown =
             |m: &ExpiryMessage, now| after_action(ActionAnswer::Unknown, m, &rechecks, now);
+        let rechecked = |m: &ExpiryMessage| (m.unknown_rechecks, m.not_before);
         let (first, outcome) = requeued(unknown(&message(0, 0), at(10)));
         assert_eq!(outcome, Outcome::UnknownRequeued);
-        assert_eq!(
-            (first.unknown_rechecks, first.not_before),
-            (1, Some(at(11)))
-        );
+        assert_eq!(rechecked(&first), (1, Some(at(11))));
         let (second, _) = requeued(unknown(&first, at(11)));
-        assert_eq!(
-            (second.unknown_rechecks, second.not_before),
-            (2, Some(at(15)))
-        );
+        assert_eq!(rechecked(&second), (2, Some(at(15))));
         assert_eq!(unknown(&second, at(15)), Next::Ack(Outcome::Unknown));
         assert_eq!(
             after_action(ActionAnswer::Unknown, &message(0, 0), &[], at(10)),

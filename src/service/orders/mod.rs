@@ -252,9 +252,7 @@ mod tests {
     }
 
     fn due() -> DateTime<Utc> {
-        DateTime::parse_from_rfc3339("2026-11-30T10:00:00Z")
-            .unwrap()
-            .with_timezone(&Utc)
+        "2026-11-30T10:00:00Z".parse().unwrap()
     }
 
     /// Rows `(id, unpaid, deadline in s from due)` read at `due()`.
