@@ -48,15 +48,12 @@ mod tests {
     }
 
     #[test]
-    fn every_url_of_a_list_gets_the_heartbeat_in_whole_seconds() {
+    fn every_url_of_a_list_gets_the_heartbeat_in_whole_seconds_unless_set_or_zero() {
         assert_eq!(
             with("amqp://a:5672/%2f, amqp://b:5672/v?frame_max=8192", 4500),
             "amqp://a:5672/%2f?heartbeat=5,amqp://b:5672/v?frame_max=8192&heartbeat=5"
         );
-    }
-
-    #[test]
-    fn a_urls_own_heartbeat_and_zero_are_left_alone() {
+        // A URL's own heartbeat, and a heartbeat of zero, are left alone.
         assert_eq!(
             with("amqp://a/%2f?heartbeat=30", 5000),
             "amqp://a/%2f?heartbeat=30"

@@ -134,7 +134,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stdin_lines_take_due_at_or_delay() {
+    fn stdin_lines_take_due_at_or_delay_and_bad_ones_are_refused() {
         let now = Utc::now();
         let (id, at) =
             parse_line(r#"{"order_id":"a","due_at":"2026-11-30T10:00:00Z"}"#, now).unwrap();
@@ -142,11 +142,6 @@ mod tests {
         assert_eq!(at.to_rfc3339(), "2026-11-30T10:00:00+00:00");
         let (_, at) = parse_line(r#"{"order_id":"b","delay_ms":1500}"#, now).unwrap();
         assert_eq!(at - now, TimeDelta::milliseconds(1500));
-    }
-
-    #[test]
-    fn bad_stdin_lines_say_what_is_wrong() {
-        let now = Utc::now();
         assert!(parse_line(r#"{"order_id":"a"}"#, now).is_err());
         assert!(parse_line(r#"{"order_id":"","delay_ms":1}"#, now).is_err());
         assert!(parse_line("not json", now).is_err());

@@ -44,17 +44,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backoff_doubles_to_a_ceiling_and_resets() {
-        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(350));
+    fn backoff_doubles_to_a_ceiling_and_resets_and_the_nth_delay_is_the_same() {
+        let (initial, max) = (Duration::from_millis(100), Duration::from_millis(350));
+        let mut b = Backoff::new(initial, max);
         let got: Vec<u128> = (0..4).map(|_| b.next_delay().as_millis()).collect();
         assert_eq!(got, [100, 200, 350, 350]);
         b.reset();
         assert_eq!(b.next_delay(), Duration::from_millis(100));
-    }
-
-    #[test]
-    fn the_nth_delay_doubles_to_the_same_ceiling() {
-        let (initial, max) = (Duration::from_millis(100), Duration::from_millis(350));
         let got: Vec<u128> = (0..4)
             .map(|n| Backoff::nth(initial, max, n).as_millis())
             .collect();

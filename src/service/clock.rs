@@ -323,18 +323,14 @@ mod tests {
     }
 
     #[test]
-    fn a_clock_that_stepped_is_believed_at_once() {
+    fn a_clock_that_stepped_is_believed_at_once_and_old_readings_no_longer_count() {
         let mut estimate = OffsetEstimate::new(Duration::from_secs(60));
         let now = Instant::now();
         estimate.observe(now, ms(-10), ms(10));
         let stepped = estimate.observe(now + Duration::from_secs(1), ms(4_990), ms(5_010));
         assert_eq!(stepped, offset(5_000, 10));
-    }
-
-    #[test]
-    fn readings_older_than_the_window_no_longer_count() {
+        // A reading older than the window no longer counts.
         let mut estimate = OffsetEstimate::new(Duration::from_secs(5));
-        let now = Instant::now();
         estimate.observe(now, ms(0), ms(2));
         let later = estimate.observe(now + Duration::from_secs(6), ms(-100), ms(100));
         assert_eq!(later, offset(0, 100));

@@ -480,11 +480,8 @@ mod tests {
         assert!(s.sweeper.grace >= Duration::from_secs(1));
         assert!(s.sweeper.grace + s.sweeper.interval <= Duration::from_secs(5));
         assert_eq!(s.overdue.margin, Duration::from_secs(10));
-        assert!(
-            s.sweeper
-                .sweep_sql
-                .contains("status = 'unpaid' RETURNING id")
-        );
+        let sweep = &s.sweeper.sweep_sql;
+        assert!(sweep.contains("status = 'unpaid' RETURNING id"));
     }
 
     #[test]

@@ -404,6 +404,9 @@ mod tests {
         let (_, default) = quorum();
         let group = &default.queues[0].arguments["x-quorum-initial-group-size"];
         assert_eq!(group, &Arg::Int(3));
+        // The summary counts every object.
+        assert_eq!(default.to_string(), "7 exchanges, 7 queues, 11 bindings");
+        assert_eq!(default.queue_names().next(), Some("orders.due"));
     }
 
     #[test]
@@ -431,12 +434,5 @@ mod tests {
                 assert_eq!(matches, 1, "key {key} at level {level}");
             }
         }
-    }
-
-    #[test]
-    fn the_summary_counts_every_object() {
-        let (_, t) = quorum();
-        assert_eq!(t.to_string(), "7 exchanges, 7 queues, 11 bindings");
-        assert_eq!(t.queue_names().next(), Some("orders.due"));
     }
 }

@@ -125,15 +125,10 @@ mod tests {
     }
 
     #[test]
-    fn a_due_message_is_due() {
+    fn a_due_message_is_due_and_an_early_one_is_held_for_exactly_the_time_left() {
         let now = Utc::now();
         let body = message(now - TimeDelta::milliseconds(5)).encode();
         assert!(matches!(arrive(&body, now), Arrival::Due(_)));
-    }
-
-    #[test]
-    fn an_early_message_is_held_for_exactly_the_time_left() {
-        let now = Utc::now();
         let expected = message(now + TimeDelta::milliseconds(700));
         let Arrival::Hold(m, early) = arrive(&expected.encode(), now) else {
             panic!("expected Hold")
@@ -142,11 +137,13 @@ mod tests {
         assert_eq!(early, (expected.due_at - now).to_std().unwrap());
     }
 
+    /// A message far too early is not held forever.
     #[test]
-    fn a_message_far_too_early_is_parked_not_held_forever() {
+    fn a_message_far_too_early_or_malformed_is_parked_with_its_reason() {
         let now = Utc::now();
         let reason = parked(arrive(&message(now + TimeDelta::hours(1)).encode(), now));
         assert!(reason.contains("before due_at"), "{reason}");
+        assert_eq!(parked(arrive(b"{}", now)), "missing field \"v\"");
     }
 
     #[test]
@@ -178,10 +175,5 @@ mod tests {
             if reason.starts_with("order 3 of the bundle")
                 && entry.as_slice() == br#"{"order_id":"x"}"#)
         );
-    }
-
-    #[test]
-    fn malformed_bodies_are_parked_with_the_decoder_reason() {
-        assert_eq!(parked(arrive(b"{}", Utc::now())), "missing field \"v\"");
     }
 }

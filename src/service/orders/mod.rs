@@ -307,6 +307,9 @@ mod tests {
                 Disposition::Busy,
             ]
         );
+        // A repeated id is cancelled once.
+        let repeated = of(&["a", "a"], &["a"], &[("a", false, None)]);
+        assert_eq!(repeated, [Disposition::Cancelled, Disposition::NotUnpaid]);
     }
 
     #[test]
@@ -349,11 +352,5 @@ mod tests {
             with_causes(&Connect(refused)),
             "error connecting to server: read-only"
         );
-    }
-
-    #[test]
-    fn a_repeated_id_is_cancelled_once() {
-        let got = of(&["a", "a"], &["a"], &[("a", false, None)]);
-        assert_eq!(got, [Disposition::Cancelled, Disposition::NotUnpaid]);
     }
 }
