@@ -180,7 +180,7 @@ mod tests {
     }
 
     #[test]
-    fn every_order_keeps_its_own_fields() {
+    fn every_order_keeps_its_own_fields_and_v1_is_one_order() {
         let mut again = message("A-1").again_at(at("2026-11-30T10:00:03Z"));
         again.check_step = 2;
         let body = bundle(&[again.clone(), message("B")]);
@@ -188,10 +188,7 @@ mod tests {
         assert_eq!(decoded.orders(), 2);
         let messages: Vec<_> = decoded.messages().cloned().collect();
         assert_eq!(messages, [again, message("B")]);
-    }
-
-    #[test]
-    fn v1_is_still_read_by_the_same_decoder() {
+        // v1 is still read by the same decoder.
         let one = message("A-1");
         assert_eq!(decode(&one.encode()), Ok(DueMessage::One(one.clone())));
         assert_eq!(decode(&one.encode()).unwrap().messages().count(), 1);

@@ -149,9 +149,7 @@ mod tests {
 
     fn tracker(tags: std::ops::RangeInclusive<u64>) -> AckTracker<u64> {
         let mut t = AckTracker::default();
-        for tag in tags {
-            t.received(tag);
-        }
+        tags.for_each(|tag| t.received(tag));
         t
     }
 
