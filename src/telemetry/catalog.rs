@@ -344,12 +344,8 @@ mod tests {
         {
             queried.extend(exported(&catalog, line, "the alert rules"));
         }
-        for alerted in [
-            "order_expiry_overdue_unpaid",
-            "order_expiry_arrival_lateness_seconds",
-            "order_expiry_swept_total",
-        ] {
-            assert!(queried.contains(alerted), "no alert reads {alerted}");
+        for name in [OVERDUE_UNPAID, ARRIVAL_LATENESS_SECONDS, SWEPT_TOTAL].map(|m| m.name) {
+            assert!(queried.contains(name), "no alert reads {name}");
         }
     }
 

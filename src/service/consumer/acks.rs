@@ -145,6 +145,13 @@ mod tests {
                 self.set(tag, State::InBatch, None);
             }
         }
+
+        /// What `take` acks: up to which tag with `multiple`, which tags
+        /// singly, and the payloads it hands back.
+        fn acks(&mut self, at_shutdown: bool) -> (Option<u64>, Vec<u64>, Vec<u64>) {
+            let acks = self.take(at_shutdown);
+            (acks.multiple_upto, acks.single, acks.payloads)
+        }
     }
 
     fn tracker(tags: std::ops::RangeInclusive<u64>) -> AckTracker<u64> {
@@ -158,10 +165,7 @@ mod tests {
         let mut t = tracker(1..=5);
         t.done(&[1, 2, 3]);
         t.in_batch(&[4]);
-        let acks = t.take(false);
-        assert_eq!(acks.multiple_upto, Some(3));
-        assert!(acks.single.is_empty());
-        assert_eq!(acks.payloads, [1, 2, 3]);
+        assert_eq!(t.acks(false), (Some(3), vec![], vec![1, 2, 3]));
         assert_eq!(t.len(), 2);
     }
 
@@ -170,12 +174,9 @@ mod tests {
         let mut t = tracker(1..=4);
         t.in_batch(&[1, 2]);
         t.done(&[3, 4]);
-        let acks = t.take(false);
-        assert_eq!((acks.multiple_upto, acks.single.len()), (None, 0));
+        assert_eq!(t.acks(false), (None, vec![], vec![]));
         t.done(&[1, 2]);
-        let acks = t.take(false);
-        assert_eq!(acks.multiple_upto, Some(4));
-        assert_eq!(acks.payloads, [1, 2, 3, 4]);
+        assert_eq!(t.acks(false), (Some(4), vec![], vec![1, 2, 3, 4]));
         assert_eq!(t.len(), 0);
     }
 
@@ -184,9 +185,7 @@ mod tests {
         let mut t = tracker(1..=4);
         t.done(&[2, 4]);
         t.in_batch(&[3]);
-        let acks = t.take(false);
-        assert_eq!(acks.multiple_upto, None);
-        assert_eq!(acks.single, [2, 4]);
+        assert_eq!(t.acks(false), (None, vec![2, 4], vec![2, 4]));
         assert_eq!(t.len(), 2);
         // The held one finishes later: acking it with `multiple` covers only
         // itself, since 2 and 4 are acked already.
@@ -199,9 +198,7 @@ mod tests {
         let mut t = tracker(1..=3);
         t.forget(2);
         t.done(&[9, 1, 3]);
-        let acks = t.take(false);
-        assert_eq!(acks.multiple_upto, Some(3));
-        assert_eq!(acks.payloads, [1, 3]);
+        assert_eq!(t.acks(false), (Some(3), vec![], vec![1, 3]));
     }
 
     #[test]
@@ -209,8 +206,7 @@ mod tests {
         let mut t = tracker(1..=3);
         t.in_batch(&[1]);
         t.done(&[3]);
-        let acks = t.take(true);
-        assert_eq!(acks.single, [3]);
+        assert_eq!(t.acks(true), (None, vec![3], vec![3]));
         assert_eq!(t.len(), 2);
     }
 
@@ -223,15 +219,10 @@ mod tests {
         t.received(1);
         t.received(3);
         t.done(&[1, 3]);
-        let acks = t.take(false);
-        assert_eq!(acks.multiple_upto, Some(1));
-        assert_eq!(acks.single, [3]);
+        assert_eq!(t.acks(false), (Some(1), vec![3], vec![1, 3]));
         t.received(2);
         t.done(&[2]);
-        let acks = t.take(false);
-        assert_eq!(acks.multiple_upto, Some(2));
-        assert!(acks.single.is_empty());
-        assert_eq!(acks.payloads, [2]);
+        assert_eq!(t.acks(false), (Some(2), vec![], vec![2]));
         assert_eq!(t.len(), 0);
         // Tags go on from there.
         t.received(4);

@@ -107,7 +107,7 @@ mod tests {
 
     use super::*;
     use crate::Settings;
-    use crate::publisher::OrderId;
+    use crate::publisher::{OrderId, encode_bundle};
 
     fn message(due_at: DateTime<Utc>) -> ExpiryMessage {
         ExpiryMessage::new(OrderId::new("o-1").unwrap(), due_at)
@@ -152,16 +152,10 @@ mod tests {
         let due = message(now - TimeDelta::milliseconds(5));
         let early = message(now + TimeDelta::milliseconds(700));
         let far = message(now + TimeDelta::hours(1));
-        let entry = |m: &ExpiryMessage| {
-            let mut v1: serde_json::Value = serde_json::from_slice(&m.encode()).unwrap();
-            v1.as_object_mut().unwrap().remove("v");
-            v1
-        };
-        let body = serde_json::json!({
-            "v": 2,
-            "orders": [entry(&due), entry(&early), entry(&far), {"order_id": "x"}],
-        });
-        let Arrival::Bundle(parts) = arrive(body.to_string().as_bytes(), now) else {
+        let entries = [&due, &early, &far].map(encode_entry);
+        let malformed: &[u8] = br#"{"order_id":"x"}"#;
+        let body = encode_bundle(entries.iter().map(Vec::as_slice).chain([malformed]));
+        let Arrival::Bundle(parts) = arrive(&body, now) else {
             panic!("a bundle")
         };
         assert!(matches!(&parts[0], BundlePart::Due(m) if *m == due));
