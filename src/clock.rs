@@ -54,9 +54,7 @@ mod tests {
         clock.set_offset(TimeDelta::milliseconds(-5_000));
         assert_eq!(reader.offset(), TimeDelta::milliseconds(-5_000));
         let behind = Utc::now() - reader.now();
-        assert!(
-            behind >= TimeDelta::milliseconds(4_990) && behind <= TimeDelta::milliseconds(5_010),
-            "{behind}"
-        );
+        let window = TimeDelta::milliseconds(4_990)..=TimeDelta::milliseconds(5_010);
+        assert!(window.contains(&behind), "{behind}");
     }
 }

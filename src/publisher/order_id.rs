@@ -140,10 +140,8 @@ mod tests {
         let too_long = Err(InvalidOrderId::TooLong(129));
         assert_eq!(OrderId::new("a".repeat(129)), too_long);
         assert_eq!(OrderId::new(""), Err(InvalidOrderId::Empty));
-        assert_eq!(
-            OrderId::new("a\u{7}b"),
-            Err(InvalidOrderId::ControlCharacter(1))
-        );
+        let control = Err(InvalidOrderId::ControlCharacter(1));
+        assert_eq!(OrderId::new("a\u{7}b"), control);
         assert_eq!(OrderId::new("o-1").unwrap(), "o-1");
     }
 }

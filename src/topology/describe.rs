@@ -339,10 +339,8 @@ mod tests {
             let q = t.queues.iter().find(|q| q.name == name).unwrap();
             let args = &q.arguments;
             assert_eq!(args["x-message-ttl"], Arg::Int(1000 << level), "{level}");
-            assert_eq!(
-                args["x-dead-letter-exchange"],
-                text(&ladder.dead_letter_target(level))
-            );
+            let target = text(&ladder.dead_letter_target(level));
+            assert_eq!(args["x-dead-letter-exchange"], target);
             assert_eq!(args["x-dead-letter-strategy"], text("at-least-once"));
             assert_eq!(args["x-overflow"], text("reject-publish"));
         }

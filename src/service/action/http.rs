@@ -287,10 +287,8 @@ mod tests {
     fn the_idempotency_key_is_the_order_and_its_deadline() {
         let due_at: DateTime<Utc> = "2026-11-30T10:00:00.5Z".parse().unwrap();
         let message = ExpiryMessage::new(OrderId::new("a/b 1").unwrap(), due_at);
-        assert_eq!(
-            idempotency_key(&message),
-            "order-expiry:a%2Fb%201:2026-11-30T10:00:00.500Z"
-        );
+        let key = "order-expiry:a%2Fb%201:2026-11-30T10:00:00.500Z";
+        assert_eq!(idempotency_key(&message), key);
         let mut rechecked = message.again_at(due_at + chrono::TimeDelta::seconds(3));
         rechecked.check_step = 2;
         assert_eq!(idempotency_key(&rechecked), idempotency_key(&message));

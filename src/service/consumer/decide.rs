@@ -179,11 +179,9 @@ mod tests {
             (Checked::Retry("503".into()), AfterCheck::Then(Next::Retry("503".into()))),
             (Checked::Park("400".into()), AfterCheck::Then(Next::Park("400".into()))),
         ];
+        let first = message(0, 0);
         for (checked, want) in cases {
-            assert_eq!(
-                after_check(checked, &message(0, 0), &settings, at(10)),
-                want
-            );
+            assert_eq!(after_check(checked, &first, &settings, at(10)), want);
         }
     }
 
