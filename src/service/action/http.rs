@@ -237,7 +237,7 @@ mod tests {
     }
 
     #[test]
-    fn every_response_class_has_its_verdict() {
+    fn every_response_class_has_its_verdict_and_too_early_its_time_left() {
         for (status, body, want) in [
             (200, "", ActionAnswer::Cancelled),
             (204, "", ActionAnswer::Cancelled),
@@ -265,10 +265,7 @@ mod tests {
             verdict(Answer::Failed("timed out".into()), None),
             ActionAnswer::Retry(r) if r.contains("timed out")
         ));
-    }
-
-    #[test]
-    fn too_early_is_held_for_the_time_the_service_says() {
+        // Too early: held for the time the service says.
         let early = |body: &str, after| verdict(response(425, body), after);
         let not_due = |ms| ActionAnswer::NotDue {
             clock: "http",

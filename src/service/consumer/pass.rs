@@ -216,7 +216,7 @@ mod tests {
     }
 
     #[test]
-    fn a_delivery_whose_orders_all_settle_is_acked_with_their_reports() {
+    fn a_delivery_is_acked_with_its_reports_once_settled_and_its_leftovers_gone() {
         let mut pass = Pass::new(2);
         pass.settle(handled("a", Outcome::Cancelled));
         assert!(!pass.is_decided());
@@ -226,10 +226,7 @@ mod tests {
             panic!("acked")
         };
         assert_eq!(reports.len(), 2);
-    }
-
-    #[test]
-    fn leftovers_leave_before_the_ack() {
+        // Leftovers leave before the ack.
         let mut pass = Pass::new(3);
         pass.park(entry(r#"{"order_id":""}"#), "bad".into(), false);
         pass.settle(handled("a", Outcome::Cancelled));
