@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use order_expiry_testkit::{Served, at_ms, message, sum_metric};
+use order_expiry_testkit::{Served, at_ms, message, orders, sum_metric};
 
 use crate::support::{ClusterWorld, NO_SWEEPER};
 
@@ -108,16 +108,12 @@ async fn three_consumers_on_three_nodes_cancel_each_order_once_and_drain() {
     .await;
 
     // Orders due over the next seconds while all three consume: none early.
-    let ids: Vec<String> = (1..=600).map(|i| format!("spread-{i}")).collect();
+    let spread = orders("spread", 600, |i| {
+        message("due", at_ms(1000 + (i as i64 * 13) % 6000)).due_at
+    });
     let scheduler = world.scheduler_on(1, Duration::from_secs(10));
-    let mut dues = Vec::new();
-    for (i, id) in ids.iter().enumerate() {
-        let due_at = message(id, at_ms(1000 + (i as i64 * 13) % 6000)).due_at;
-        world.store.create_unpaid(id, due_at).await.expect("insert");
-        dues.push((id.as_str(), due_at));
-    }
-    let results = scheduler.schedule_many(dues.clone()).await;
-    assert!(results.iter().all(Result::is_ok));
+    world.place_with(scheduler, &spread).await;
+    let ids: Vec<String> = spread.into_iter().map(|(id, _)| id).collect();
     let (_, early_spread) = drained(&world, &ids, Duration::from_secs(60)).await;
     let by_spread = cancelled_by(&serves).await;
     let total: f64 = by_spread.iter().sum();
@@ -144,6 +140,5 @@ async fn three_consumers_on_three_nodes_cancel_each_order_once_and_drain() {
         "all three consumed: {by_three:?}"
     );
     drop(serves);
-    scheduler.close().await;
     world.cleanup().await;
 }

@@ -13,7 +13,8 @@ mod traffic;
 mod world;
 
 pub use order_expiry_testkit::cluster::{
-    NodesBack, ctl_any, kill, leaders, node_number, nodes_named, pause, queues, resume, start, stop,
+    NodesBack, ctl_any, kill, leaders, node_number, node_of_pid, nodes_named, pause, queues,
+    resume, start, stop,
 };
 pub use traffic::*;
 pub use world::*;

@@ -132,24 +132,20 @@ impl ClusterWorld {
     /// The nodes the consumers of the due queue are connected to (one entry per
     /// consumer), from their channels' process ids.
     pub async fn due_consumer_nodes(&self) -> Vec<usize> {
-        let listing = cluster::ctl_any(&[
+        let vhost = vhost();
+        let args = [
             "list_consumers",
             "-p",
-            &vhost(),
+            &vhost,
             "--no-table-headers",
             "queue_name",
             "channel_pid",
-        ])
-        .await;
+        ];
+        let listing = cluster::ctl_any(&args).await;
         let due = self.ladder().due_queue();
-        listing
-            .lines()
-            .filter_map(|line| {
-                let (queue, pid) = line.split_once('\t')?;
-                (queue.trim() == due).then_some(())?;
-                let node = pid.trim().trim_start_matches('<').split('.').next()?;
-                cluster::node_number(node)
-            })
+        let pairs = listing.lines().filter_map(|l| l.split_once('\t'));
+        let pids = pairs.filter(|(queue, _)| queue.trim() == due);
+        pids.filter_map(|(_, pid)| cluster::node_of_pid(pid))
             .collect()
     }
 

@@ -61,6 +61,11 @@ pub fn node_number(name: &str) -> Option<usize> {
         .map(|i| i + 1)
 }
 
+/// The node number (1-3) of an Erlang process id (`<rabbit43c2@localhost.1.2.0>`).
+pub fn node_of_pid(pid: &str) -> Option<usize> {
+    node_number(pid.trim().trim_start_matches('<').split('.').next()?)
+}
+
 /// How many of the cluster's nodes `field` (a `members` column) names.
 pub fn nodes_named(field: &str) -> usize {
     layout()
@@ -81,58 +86,61 @@ pub fn cluster_sh(args: &[&str], limit: Duration) -> Result<String, String> {
     crate::services::run_script("cluster.sh", args, &env, limit)
 }
 
-/// [`cluster_sh`] in a blocking task, panicking on failure.
-async fn cluster(args: Vec<String>, limit: Duration) -> String {
+/// [`cluster_sh`] in a blocking task.
+async fn try_cluster(args: &[&str], limit: Duration) -> Result<String, String> {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
     tokio::task::spawn_blocking(move || {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        cluster_sh(&args, limit).unwrap_or_else(|e| panic!("{e}"))
+        cluster_sh(&args, limit)
     })
     .await
     .expect("cluster.sh task")
 }
 
+/// [`try_cluster`], panicking on failure.
+async fn cluster(args: &[&str], limit: Duration) -> String {
+    let out = try_cluster(args, limit).await;
+    out.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `cluster.sh ACTION n`, at most 30 s.
+async fn on_node(action: &str, n: usize) {
+    cluster(&[action, &n.to_string()], Duration::from_secs(30)).await;
+}
+
 /// `kill -9` of node `n`'s beam.
 pub async fn kill(n: usize) {
-    cluster(vec!["kill".into(), n.to_string()], Duration::from_secs(30)).await;
+    on_node("kill", n).await;
 }
 
 /// SIGSTOP of node `n`'s beam: hung, not dead.
 pub async fn pause(n: usize) {
-    cluster(vec!["pause".into(), n.to_string()], Duration::from_secs(30)).await;
+    on_node("pause", n).await;
 }
 
 /// SIGCONT of node `n`'s beam.
 pub async fn resume(n: usize) {
-    cluster(
-        vec!["resume".into(), n.to_string()],
-        Duration::from_secs(30),
-    )
-    .await;
+    on_node("resume", n).await;
 }
 
 /// A network partition between nodes `a` and `b` (`cluster.sh cut`): their
 /// distribution packets dropped both ways; AMQP and the CLI still reach both.
 pub async fn cut(a: usize, b: usize) {
-    cluster(
-        vec!["cut".into(), a.to_string(), b.to_string()],
-        Duration::from_secs(30),
-    )
-    .await;
+    let (a, b) = (a.to_string(), b.to_string());
+    cluster(&["cut", &a, &b], Duration::from_secs(30)).await;
 }
 
 /// Node `n` cut from the other two (`cluster.sh isolate`); with `amqp`, no
 /// client reaches it either.
 pub async fn isolate(n: usize, amqp: bool) {
-    let mut args = vec!["isolate".to_owned(), n.to_string()];
-    if amqp {
-        args.push("--amqp".into());
-    }
-    cluster(args, Duration::from_secs(30)).await;
+    let n = n.to_string();
+    let args = ["isolate", &n, "--amqp"];
+    cluster(&args[..2 + usize::from(amqp)], Duration::from_secs(30)).await;
 }
 
 /// Every cut removed (`cluster.sh heal`).
 pub async fn heal() {
-    cluster(vec!["heal".into()], Duration::from_secs(30)).await;
+    cluster(&["heal"], Duration::from_secs(30)).await;
 }
 
 /// The cluster nodes node `n` has a distribution connection to (`nodes()`),
@@ -152,29 +160,20 @@ pub async fn peers_of(n: usize) -> Option<Vec<usize>> {
 
 /// Graceful stop of node `n` (the whole node).
 pub async fn stop(n: usize) {
-    cluster(vec!["stop".into(), n.to_string()], Duration::from_secs(90)).await;
+    cluster(&["stop", &n.to_string()], Duration::from_secs(90)).await;
 }
 
 /// Starts node `n` again and waits until it runs and is a member; returns when.
 pub async fn start(n: usize) -> Instant {
-    cluster(
-        vec!["start".into(), n.to_string()],
-        Duration::from_secs(180),
-    )
-    .await;
+    cluster(&["start", &n.to_string()], Duration::from_secs(180)).await;
     Instant::now()
 }
 
 /// `rabbitmqctl -q ARGS` on node `n`.
 pub async fn ctl(n: usize, args: &[&str]) -> Result<String, String> {
-    let mut all = vec!["ctl".to_owned(), n.to_string(), "-q".to_owned()];
-    all.extend(args.iter().map(|a| (*a).to_owned()));
-    tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = all.iter().map(String::as_str).collect();
-        cluster_sh(&args, Duration::from_secs(60))
-    })
-    .await
-    .expect("cluster.sh task")
+    let n = n.to_string();
+    let all = [&["ctl", n.as_str(), "-q"], args].concat();
+    try_cluster(&all, Duration::from_secs(60)).await
 }
 
 /// `rabbitmqctl -q ARGS` on the first node that answers.
