@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
+use tokio::task::block_in_place;
 
 use order_expiry_testkit::{Endpoint, Lateness, Orders};
 
@@ -60,12 +61,8 @@ enum Expiry {
 }
 
 async fn broker_outage(name: &'static str, fault: Fault, consumer: Consumer, expiry: Expiry) {
-    tokio::task::spawn_blocking(ensure_ballast)
-        .await
-        .expect("ballast");
-    let retry = tokio::task::spawn_blocking(dead_letter_retry)
-        .await
-        .expect("dead-letter retry");
+    block_in_place(ensure_ballast);
+    let retry = block_in_place(dead_letter_retry);
     let bound = retry + AFTER_RETRY;
     let world = world(name).await;
     let endpoint = match expiry {
@@ -98,26 +95,22 @@ async fn broker_outage(name: &'static str, fault: Fault, consumer: Consumer, exp
     // Orders flow, some through the ladder, some already due and being cancelled.
     tokio::time::sleep(Duration::from_secs(4)).await;
     let broken_at = Instant::now();
-    let outage = tokio::task::spawn_blocking(move || Outage::begin(fault))
-        .await
-        .expect("fault");
+    let outage = block_in_place(|| Outage::begin(fault));
     if consumer == Consumer::Killed {
         kill_9(&mut served).await;
         watch = None;
     }
-    let not_ready_at = match &watch {
-        Some(watch) => Some(
+    let mut not_ready_at = None;
+    if let Some(watch) = &watch {
+        not_ready_at = Some(
             watch
                 .wait_for(503, broken_at, Duration::from_secs(10))
                 .await,
-        ),
-        None => None,
-    };
+        );
+    }
     tokio::time::sleep(Duration::from_secs(5)).await;
     let before_restore = Instant::now();
-    let back_at = tokio::task::spawn_blocking(move || outage.restore())
-        .await
-        .expect("restore");
+    let back_at = block_in_place(|| outage.restore());
     let back_wall = Utc::now();
     if consumer == Consumer::Killed {
         served = world.serve(&env).await;

@@ -12,9 +12,10 @@
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
+use tokio::task::block_in_place;
 
-use crate::support::{Fault, Outage, build, orders, poll, schedule_all};
-use order_expiry_testkit::{World, busiest_second};
+use crate::support::{Fault, Outage, build, orders, poll};
+use order_expiry_testkit::{Figures, Lateness, Ledger, World, busiest_second};
 
 /// One run's size.
 struct Size {
@@ -74,19 +75,13 @@ async fn run(size: Size) {
     let step = 1_000.0 / size.per_second as f64;
     let lead = size.lead.as_millis() as i64;
     let orders = orders("cu", count, |i| lead + (i as f64 * step) as i64);
-    world.create_orders(&orders).await;
-    let scheduler = world.scheduler();
-    schedule_all(&scheduler, &orders).await;
+    world.place(&orders).await;
     let wait = (orders[0].1 - Utc::now()).to_std().unwrap_or_default();
     tokio::time::sleep(wait).await;
     let down = Utc::now();
-    let outage = tokio::task::spawn_blocking(|| Outage::begin(Fault::DatabaseStop))
-        .await
-        .expect("stop database");
+    let outage = block_in_place(|| Outage::begin(Fault::DatabaseStop));
     tokio::time::sleep(size.outage).await;
-    tokio::task::spawn_blocking(move || outage.restore())
-        .await
-        .expect("restore database");
+    block_in_place(|| outage.restore());
 
     // Everything is cancelled; the catch-up counter sampled meanwhile (less
     // often at full size: reading every row takes its time).
@@ -119,21 +114,16 @@ async fn run(size: Size) {
         .filter(|at| *at > down + TimeDelta::seconds(1))
         .min()
         .expect("cancels after the outage");
-    let mut after: Vec<i64> = Vec::new();
-    let mut backlog: Vec<DateTime<Utc>> = Vec::new();
-    for (id, due) in &orders {
-        let cancelled = rows[id].cancelled_at.expect("cancelled");
-        assert!(cancelled >= *due, "{id} cancelled early");
-        // Due a second after the database was back: on time.
-        if *due > back + TimeDelta::seconds(1) {
-            after.push((cancelled - *due).num_milliseconds());
-        } else if *due > down && *due < back - TimeDelta::seconds(6) {
-            backlog.push(cancelled);
-        }
-    }
-    after.sort();
+    // None cancelled early; due a second after the database was back: on time.
+    let ledger = Ledger::scheduled(&orders);
+    Figures::audit(&ledger, &rows, None).assert_invariants();
+    let after = Lateness::of(&ledger, &rows, |o| o.due_at > back + TimeDelta::seconds(1));
+    let in_backlog = |due: &DateTime<Utc>| *due > down && *due < back - TimeDelta::seconds(6);
+    let backlog = orders.iter().filter(|(_, due)| in_backlog(due));
+    let mut backlog: Vec<_> = backlog
+        .map(|(id, _)| rows[id].cancelled_at.expect("cancelled"))
+        .collect();
     backlog.sort();
-    let p99 = after[(after.len() * 99).div_ceil(100) - 1];
     let drained = (backlog[backlog.len() - 1] - backlog[0]).num_milliseconds() as f64 / 1e3;
     let drained_after = (backlog[backlog.len() - 1] - back).num_milliseconds() as f64 / 1e3;
     let busiest = busiest_second(&mut backlog);
@@ -152,23 +142,24 @@ async fn run(size: Size) {
         "FIGURES database outage, catch-up: {} orders a second, down {:.1} s; {caught_up} \
          orders out of the catch-up lane in {lane_secs:.1} s at {rate}/s; the {} due in the \
          outage up to 6 s before its end cancelled over {drained:.1} s, the last \
-         {drained_after:.1} s after the database was back (busiest second {busiest}); {} due after the database was back: lateness p50 {} ms, p99 {p99} ms, \
+         {drained_after:.1} s after the database was back (busiest second {busiest}); {} due after the database was back: lateness p50 {} ms, p99 {} ms, \
          max {} ms",
         size.per_second,
         size.outage.as_secs_f64(),
         backlog.len(),
-        after.len(),
-        after[after.len() / 2],
-        after[after.len() - 1],
+        after.cancels,
+        after.p50.as_millis(),
+        after.p99.as_millis(),
+        after.max.as_millis(),
     );
     assert!(
         caught_up >= size.per_second * 3,
         "only {caught_up} orders went through the catch-up queue"
     );
     assert!(
-        after[after.len() - 1] < 1_000,
+        after.max < Duration::from_secs(1),
         "the backlog held up orders due after the outage: max {} ms",
-        after[after.len() - 1]
+        after.max.as_millis()
     );
     // The lane's bucket lets at most the rate and a tenth start in any one
     // second; the cancels' own stamps (a batch may wait for one of the two
@@ -177,7 +168,6 @@ async fn run(size: Size) {
         busiest <= rate + rate / 5,
         "{busiest} backlog cancels in one second"
     );
-    scheduler.close().await;
     drop(served);
     world.cleanup().await;
 }

@@ -7,6 +7,8 @@
 
 use std::time::{Duration, Instant};
 
+use order_expiry_testkit::{Endpoint, Reply, bundle, message};
+
 use crate::support::{
     CANCELLED, Ledger, NOT_UNPAID, WAITING_CANCEL, World, at_ms, ids, json, kill_9, messages,
     order, orders, poll, settle, world,
@@ -44,29 +46,23 @@ async fn publish(
         world.publish_messages(&messages(orders)).await;
         return orders.len() as u32;
     }
-    let mut sent = 0;
     for chunk in orders.chunks(BUNDLE) {
-        let body = order_expiry_testkit::bundle(&messages(chunk));
-        world.publish_due(&body, json()).await;
-        sent += 1;
+        world.publish_due(&bundle(&messages(chunk)), json()).await;
     }
-    sent
+    orders.len().div_ceil(BUNDLE) as u32
 }
 
 async fn killed_holding(bundled: bool) {
-    let name = match bundled {
-        false => "consumer kill -9",
-        true => "consumer kill -9, bundles",
-    };
+    let name = ["consumer kill -9", "consumer kill -9, bundles"][usize::from(bundled)];
     let world = world(name).await;
     // Its cancel must block on the locked rows: the statement that waits.
     let mut first = world.serve_ready(&WAITING_CANCEL).await;
     let held = orders("held", HELD, |i| 6000 + i);
     let in_flight = orders("inflight", IN_FLIGHT, |_| -10);
     let ladder = orders("ladder", LADDER, |i| 1500 + (i * 37) % 2500);
-    for group in [&held, &in_flight, &ladder] {
-        world.create_orders(group).await;
-    }
+    world
+        .create_orders(&[&held[..], &in_flight, &ladder].concat())
+        .await;
 
     // Lock the in-flight group's rows, so the consumer's cancel blocks on them.
     let lock = world.lock_rows(&ids(&in_flight)).await;
@@ -82,12 +78,8 @@ async fn killed_holding(bundled: bool) {
     poll(Duration::from_secs(15), 50, async || {
         let held_now = first.metric("order_expiry_held_total").await as usize;
         let blocked = lock.blocked().await;
-        match held_now >= HELD && blocked >= 1 {
-            true => Ok(()),
-            false => Err(format!(
-                "consumer holds {held_now} of {HELD}, {blocked} blocked cancels"
-            )),
-        }
+        let what = format!("consumer holds {held_now} of {HELD}, {blocked} blocked cancels");
+        (held_now >= HELD && blocked >= 1).then_some(()).ok_or(what)
     })
     .await;
     let due_queue = world.ladder().due_queue();
@@ -99,10 +91,8 @@ async fn killed_holding(bundled: bool) {
     // The broker returns everything the dead consumer held.
     let returned = poll(Duration::from_secs(10), 100, async || {
         let returned = world.depth(&due_queue).await;
-        match returned >= sent {
-            true => Ok(returned),
-            false => Err(format!("only {returned} returned to the queue")),
-        }
+        let what = format!("only {returned} returned to the queue");
+        (returned >= sent).then_some(returned).ok_or(what)
     })
     .await;
     // The dead consumer's blocked statement still commits once the lock goes:
@@ -121,19 +111,19 @@ async fn killed_holding(bundled: bool) {
 
     // Every message was handled by the second consumer exactly once, and the
     // cancels the first one committed were not repeated.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let (mut cancelled, mut not_unpaid);
-    loop {
-        cancelled = second.metric(CANCELLED).await as usize;
-        not_unpaid = second.metric(NOT_UNPAID).await as usize;
-        if cancelled + not_unpaid >= HELD + IN_FLIGHT + LADDER || Instant::now() > deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let all = HELD + IN_FLIGHT + LADDER;
+    let (cancelled, not_unpaid) = poll(Duration::from_secs(10), 100, async || {
+        let cancelled = second.metric(CANCELLED).await as usize;
+        let not_unpaid = second.metric(NOT_UNPAID).await as usize;
+        let what = format!("the second consumer handled {cancelled} + {not_unpaid} of {all}");
+        (cancelled + not_unpaid >= all)
+            .then_some((cancelled, not_unpaid))
+            .ok_or(what)
+    })
+    .await;
     assert_eq!(
         cancelled + not_unpaid,
-        HELD + IN_FLIGHT + LADDER,
+        all,
         "each message handled once by the second consumer"
     );
     // The dead consumer's statements that were blocked at the kill committed
@@ -185,7 +175,7 @@ const SETTLED: usize = 20;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_repeats_only_the_pass_in_flight() {
     let world = world("serve kill -9, passes").await;
-    let service = order_expiry_testkit::Endpoint::order_service(world.store.clone()).await;
+    let service = Endpoint::order_service(world.store.clone()).await;
     let base_url = service.base_url();
     let env = [
         ("ORDER_EXPIRY__ACTION__KIND", "http"),
@@ -196,47 +186,37 @@ async fn kill_9_repeats_only_the_pass_in_flight() {
 
     // Bundle A, due in 1.5 s: settled long before the kill.
     let a_due = at_ms(1_500);
-    let mut a: Vec<(String, chrono::DateTime<chrono::Utc>)> = (0..SETTLED)
-        .map(|i| order(format!("a-{i}"), a_due))
-        .collect();
-    for id in ["a-paid", "a-extended", "a-retry"] {
-        a.push(order(id, a_due));
-    }
+    let others = ["a-paid", "a-extended", "a-retry"].map(String::from);
+    let a_ids = (0..SETTLED).map(|i| format!("a-{i}")).chain(others);
+    let a: Vec<_> = a_ids.map(|id| order(id, a_due)).collect();
     // Bundle B, due in 3 s: its pass is in flight at the kill.
     let b_due = at_ms(3_000);
     let b: Vec<_> = (0..SETTLED)
         .map(|i| order(format!("b-{i}"), b_due))
         .collect();
-    world.create_orders(&a).await;
-    world.create_orders(&b).await;
-    let client = world.store.client().await.expect("database");
-    client
-        .batch_execute(
-            "UPDATE orders SET status = 'paid', paid_at = now() WHERE id = 'a-paid'; \
-             UPDATE orders SET pay_deadline = pay_deadline + interval '1 hour' WHERE id = 'a-extended'",
-        )
-        .await
-        .expect("pay and extend");
+    world.create_orders(&[&a[..], &b].concat()).await;
+    world
+        .execute("UPDATE orders SET status = 'paid', paid_at = now() WHERE id = 'a-paid'")
+        .await;
+    let extend =
+        "UPDATE orders SET pay_deadline = pay_deadline + interval '1 hour' WHERE id = 'a-extended'";
+    world.execute(extend).await;
     // The order service keeps failing a-retry, and hangs on b-0.
-    let fail = order_expiry_testkit::Reply::Status(503, "down".into());
-    service.script("expire", "a-retry", vec![fail]);
-    let hang = order_expiry_testkit::Reply::Hang(Duration::from_secs(4));
-    service.script("expire", "b-0", vec![hang]);
+    service.script("expire", "a-retry", vec![Reply::Status(503, "down".into())]);
+    service.script("expire", "b-0", vec![Reply::Hang(Duration::from_secs(4))]);
 
     let mut a_messages = messages(&a);
-    a_messages.push(order_expiry_testkit::message("a-unknown", a_due));
-    let mut a_body: serde_json::Value =
-        serde_json::from_slice(&order_expiry_testkit::bundle(&a_messages)).expect("json");
+    a_messages.push(message("a-unknown", a_due));
+    let mut a_body: serde_json::Value = serde_json::from_slice(&bundle(&a_messages)).expect("json");
+    let bad_entry = serde_json::json!({"order_id": "", "due_at": "2026-01-01T00:00:00Z"});
     a_body["orders"]
         .as_array_mut()
         .expect("orders")
-        .push(serde_json::json!({"order_id": "", "due_at": "2026-01-01T00:00:00Z"}));
+        .push(bad_entry);
     world
         .publish_due(a_body.to_string().as_bytes(), json())
         .await;
-    world
-        .publish_due(&order_expiry_testkit::bundle(&messages(&b)), json())
-        .await;
+    world.publish_due(&bundle(&messages(&b)), json()).await;
 
     // B's pass is in flight: its hanging call came a second ago.
     service
@@ -244,7 +224,7 @@ async fn kill_9_repeats_only_the_pass_in_flight() {
         .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     kill_9(&mut first).await;
-    let calls_at_kill: usize = service
+    let calls_at_kill = service
         .requests()
         .iter()
         .filter(|r| r.kind == "expire")
@@ -255,25 +235,18 @@ async fn kill_9_repeats_only_the_pass_in_flight() {
     let second = world.serve(&env).await;
 
     // Every order ends as it should.
-    let mut wanted: Vec<(String, &str)> = Vec::new();
-    for (id, _) in a.iter().chain(&b) {
-        let status = match id.as_str() {
-            "a-paid" => "paid",
-            "a-extended" => "unpaid",
-            _ => "cancelled",
-        };
-        wanted.push((id.clone(), status));
-    }
+    let wanted = |id: &str| match id {
+        "a-paid" => "paid",
+        "a-extended" => "unpaid",
+        _ => "cancelled",
+    };
     poll(Duration::from_secs(30), 200, async || {
         let rows = world.rows().await;
-        let wrong: Vec<_> = wanted
-            .iter()
-            .filter(|(id, status)| rows.get(id).map(|r| r.status.as_str()) != Some(*status))
-            .collect();
-        match wrong.is_empty() {
-            true => Ok(()),
-            false => Err(format!("not as wanted: {wrong:?}")),
-        }
+        let status = |id: &str| rows.get(id).map(|r| r.status.as_str());
+        let every = ids(&a).into_iter().chain(ids(&b));
+        let wrong: Vec<_> = every.filter(|id| status(id) != Some(wanted(id))).collect();
+        let what = format!("not as wanted: {wrong:?}");
+        wrong.is_empty().then_some(()).ok_or(what)
     })
     .await;
     // Let the second serve finish what it holds (a-unknown's looks are over).
@@ -289,12 +262,11 @@ async fn kill_9_repeats_only_the_pass_in_flight() {
             .filter(|r| r.status != Some(425))
             .count()
     };
-    let mut repeated_a = Vec::new();
-    for (id, _) in a.iter().filter(|(id, _)| id != "a-retry") {
-        if calls(id) != 1 {
-            repeated_a.push((id.clone(), calls(id)));
-        }
-    }
+    let repeated_a: Vec<_> = ids(&a)
+        .into_iter()
+        .filter(|id| *id != "a-retry" && calls(id) != 1)
+        .map(|id| (id, calls(id)))
+        .collect();
     assert!(
         repeated_a.is_empty(),
         "orders of the bundle settled before the kill were called again: {repeated_a:?}"

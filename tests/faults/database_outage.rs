@@ -5,6 +5,8 @@
 
 use std::time::{Duration, Instant};
 
+use tokio::task::block_in_place;
+
 use crate::support::{Fault, Ledger, Outage, ReadyWatch, assert_not_ready, orders, settle, world};
 
 const ORDERS: usize = 400;
@@ -20,20 +22,12 @@ async fn database_down_for_ten_seconds_backs_off_and_loses_nothing() {
 
     // Due from 1 s to 9 s from now: most come due while the database is down.
     let orders = orders("db", ORDERS, |i| 1000 + (i * 53) % 8000);
-    world.create_orders(&orders).await;
-    let scheduler = world.scheduler();
-    let mut ledger = Ledger::default();
-    for (i, (id, due)) in orders.iter().enumerate() {
-        scheduler.schedule(id, *due).await.expect("schedule");
-        let paid = i % 4 == 0 && world.store.pay(id).await.expect("pay");
-        ledger.add(id, *due, true, paid);
-    }
+    let ledger = Ledger::place(&world, &world.scheduler(), &orders, 4).await;
+    assert!(ledger.orders.iter().all(|o| o.scheduled), "all scheduled");
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     let broken_at = Instant::now();
-    let outage = tokio::task::spawn_blocking(|| Outage::begin(Fault::DatabaseStop))
-        .await
-        .expect("stop database");
+    let outage = block_in_place(|| Outage::begin(Fault::DatabaseStop));
     let not_ready_at = watch
         .wait_for(503, broken_at, Duration::from_secs(10))
         .await;
@@ -45,9 +39,7 @@ async fn database_down_for_ten_seconds_backs_off_and_loses_nothing() {
     assert!(served.running(), "the consumer exited during the outage");
     let retries = served.metric("order_expiry_retries_total").await;
     let before_restore = Instant::now();
-    let back_at = tokio::task::spawn_blocking(move || outage.restore())
-        .await
-        .expect("restore database");
+    let back_at = block_in_place(|| outage.restore());
     let ready_at = watch.wait_for(200, back_at, Duration::from_secs(30)).await;
     assert_not_ready(&watch, not_ready_at, before_restore, "the database");
 
@@ -77,7 +69,6 @@ async fn database_down_for_ten_seconds_backs_off_and_loses_nothing() {
             (settled_at - back_at).as_secs_f64(),
         ),
     );
-    scheduler.close().await;
     drop(watch);
     drop(served);
     world.cleanup().await;

@@ -9,7 +9,7 @@ use chrono::Utc;
 use order_expiry_testkit::connect_database;
 use rand::Rng;
 
-use crate::support::{Ledger, orders, schedule_all, settle, world};
+use crate::support::{Ledger, orders, settle, world};
 
 const ORDERS: usize = 400;
 const PAYERS: usize = 8;
@@ -29,9 +29,7 @@ async fn payments_racing_the_due_time_are_never_cancelled() {
     let served = world.serve_ready(&[]).await;
     // Due 3-5 s from now, 5 ms apart.
     let orders = orders("race", ORDERS, |i| 3000 + i * 5);
-    world.create_orders(&orders).await;
-    let scheduler = world.scheduler();
-    schedule_all(&scheduler, &orders).await;
+    world.place(&orders).await;
 
     // Each payer has its own connection and pays its share at due_at ± jitter.
     let url = secrecy::ExposeSecret::expose_secret(&world.settings.database.url).to_owned();
@@ -105,7 +103,6 @@ async fn payments_racing_the_due_time_are_never_cancelled() {
             figures.paid, figures.cancelled
         ),
     );
-    scheduler.close().await;
     drop(served);
     world.cleanup().await;
 }

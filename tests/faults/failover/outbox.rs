@@ -47,23 +47,15 @@ pub async fn outbox_writer(
                 Some(c) if !c.is_closed() => Some(c),
                 _ => connect(&url).await,
             };
-            let Some(c) = connected else {
-                ledger.retries += 1;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            };
-            let attempt =
-                tokio::time::timeout(Duration::from_secs(5), write(&c, &id, due, roll_back));
-            match attempt.await {
-                Ok(Ok(())) => {
+            if let Some(c) = connected {
+                let writing = write(&c, &id, due, roll_back);
+                if let Ok(Ok(())) = tokio::time::timeout(Duration::from_secs(5), writing).await {
                     client = Some(c);
                     break;
                 }
-                _ => {
-                    ledger.retries += 1;
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
             }
+            ledger.retries += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         match roll_back {
             true => ledger.rolled_back.push((id, due)),

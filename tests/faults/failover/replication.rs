@@ -20,16 +20,12 @@ use super::run::{Paid, Scenario, pay_for_sure, until};
 use super::timeline::Timeline;
 use crate::support::{CANCELLED, Ledger, Placed, World};
 
-/// What the lag and the kill did.
-struct Lagged {
-    s: Scenario,
-    ledger: Ledger,
-    timeline: Timeline,
-    /// Orders paid in the lag window with an answer.
-    paid_in_window: Vec<String>,
-}
-
-async fn lag_then_kill(name: &'static str, mode: Replication) -> Lagged {
+/// The lag and the kill: the scenario, its ledger, its timeline and the
+/// orders paid in the lag window with an answer.
+async fn lag_then_kill(
+    name: &'static str,
+    mode: Replication,
+) -> (Scenario, Ledger, Timeline, Vec<String>) {
     let s = Scenario::start(name, mode, &[]).await;
     let mut ledger = s
         .place("r", 500, Duration::from_secs(2), Duration::from_secs(14))
@@ -62,17 +58,9 @@ async fn lag_then_kill(name: &'static str, mode: Replication) -> Lagged {
             placed.paid = true;
         }
     }
-    let paid_in_window = paid
-        .into_iter()
-        .filter(|(_, w)| *w)
-        .map(|(id, _)| id)
-        .collect();
-    Lagged {
-        s,
-        ledger,
-        timeline,
-        paid_in_window,
-    }
+    let in_window = paid.into_iter().filter(|(_, w)| *w);
+    let paid_in_window = in_window.map(|(id, _)| id).collect();
+    (s, ledger, timeline, paid_in_window)
 }
 
 fn unpaid(ledger: &Ledger) -> impl DoubleEndedIterator<Item = &Placed> {
@@ -82,12 +70,8 @@ fn unpaid(ledger: &Ledger) -> impl DoubleEndedIterator<Item = &Placed> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "long: scripts/test --long"]
 async fn synchronous_replication_loses_no_cancel_when_the_standby_lags_at_the_kill() {
-    let Lagged {
-        s,
-        ledger,
-        timeline,
-        paid_in_window,
-    } = lag_then_kill("failover: standby lagging, synchronous", Replication::Sync).await;
+    let name = "failover: standby lagging, synchronous";
+    let (s, ledger, timeline, paid_in_window) = lag_then_kill(name, Replication::Sync).await;
     let end = s.settle(&timeline, &ledger, Duration::from_secs(60)).await;
     end.print(
         "failover: standby 3 s behind at the kill (synchronous)",
@@ -105,16 +89,8 @@ async fn synchronous_replication_loses_no_cancel_when_the_standby_lags_at_the_ki
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "long: scripts/test --long"]
 async fn asynchronous_replication_loses_the_cancels_of_the_lag_and_only_the_sweeper_repairs_them() {
-    let Lagged {
-        s,
-        ledger,
-        timeline,
-        paid_in_window,
-    } = lag_then_kill(
-        "failover: standby lagging, asynchronous",
-        Replication::Async,
-    )
-    .await;
+    let name = "failover: standby lagging, asynchronous";
+    let (s, ledger, timeline, paid_in_window) = lag_then_kill(name, Replication::Async).await;
     // Every order due, and time for what the ladder still holds.
     let last_due = ledger.orders.iter().map(|o| o.due_at).max();
     let last_due = last_due.expect("orders");

@@ -12,7 +12,7 @@ use secrecy::ExposeSecret;
 use tokio::task::JoinHandle;
 
 use super::timeline::{Recovery, Timeline};
-use crate::support::{CANCELLED, Figures, Ledger, World, at_ms, order, settle, world_on_database};
+use crate::support::{CANCELLED, Figures, Ledger, World, build, orders, settle};
 
 /// A scenario: the pair up as `mode` says, a world on it, `serve` with both
 /// hosts in its URL (the sweeper off, as every world's), `/readyz` watched
@@ -31,7 +31,8 @@ impl Scenario {
     pub async fn start(name: &'static str, mode: Replication, env: &[(&str, &str)]) -> Self {
         let pair = pg_pair::lock().await;
         pg_pair::up(mode).await;
-        let world = world_on_database(name, &pg_pair::url()).await;
+        // Its orders live in the pair's database instead of the test database.
+        let world = build(name, World::builder().database_url(&pg_pair::url())).await;
         let served = world.serve(env).await;
         served.wait_ready(Duration::from_secs(30)).await;
         let watch = Some(ReadyWatch::start(&served));
@@ -70,12 +71,7 @@ impl Scenario {
         spread: Duration,
     ) -> Ledger {
         let step = spread.as_millis() as i64 / count.max(1) as i64;
-        let orders: Vec<_> = (0..count)
-            .map(|i| {
-                let due = at_ms(first.as_millis() as i64 + i as i64 * step);
-                order(format!("{prefix}-{i}"), due)
-            })
-            .collect();
+        let orders = orders(prefix, count, |i| first.as_millis() as i64 + i * step);
         Ledger::place(&self.world, &self.scheduler, &orders, 5).await
     }
 
@@ -113,13 +109,9 @@ impl Scenario {
     pub fn payer(&self, ledger: &Ledger) -> JoinHandle<Vec<(String, Paid)>> {
         let store = Arc::clone(&self.world.store);
         let url = self.url();
-        let due: Vec<_> = ledger
-            .orders
-            .iter()
-            .enumerate()
-            .filter(|(i, o)| i % 5 == 1 && o.scheduled)
-            .map(|(_, o)| (o.id.clone(), o.due_at))
-            .collect();
+        let placed = ledger.orders.iter().enumerate();
+        let to_pay = placed.filter(|(i, o)| i % 5 == 1 && o.scheduled);
+        let due: Vec<_> = to_pay.map(|(_, o)| (o.id.clone(), o.due_at)).collect();
         tokio::spawn(async move {
             let mut paid = Vec::with_capacity(due.len());
             for (id, due_at) in due {
@@ -262,12 +254,8 @@ pub async fn record_payments(
 ) -> usize {
     let mut unknown = 0;
     for (id, answer) in paid {
-        let placed = ledger
-            .orders
-            .iter_mut()
-            .find(|o| o.id == id)
-            .expect("placed");
-        placed.paid = match answer {
+        let placed = ledger.orders.iter_mut().find(|o| o.id == id);
+        placed.expect("placed").paid = match answer {
             Paid::Yes => true,
             Paid::No => false,
             Paid::Unknown => {

@@ -38,20 +38,21 @@ pub fn argv<'a>(words: &'a str, last: &'a str) -> Vec<&'a str> {
     words.split(' ').chain([last]).collect()
 }
 
-pub fn port_open(port: u16) -> bool {
+fn port_open(port: u16) -> bool {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_ok()
 }
 
-fn wait_port(port: u16, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if port_open(port) {
-            return true;
+/// Checks `check` every `every_ms` until it holds (true) or `limit` has passed (false).
+fn wait_until(limit: Duration, every_ms: u64, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        if Instant::now() >= deadline {
+            return false;
         }
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(every_ms));
     }
-    false
+    true
 }
 
 /// Brings RabbitMQ back if it is not serving: `start_app` when the node runs
@@ -64,7 +65,7 @@ pub fn ensure_broker_up() {
             let _ = run("rabbitmq-server", &["-detached"]);
         }
         assert!(
-            wait_port(port, Duration::from_secs(90)),
+            wait_until(Duration::from_secs(90), 100, || port_open(port)),
             "RabbitMQ did not open {port} within 90 s"
         );
     }
@@ -79,14 +80,14 @@ pub fn ensure_broker_up() {
 fn await_no_alarm() {
     let started = Instant::now();
     let mut last = String::new();
-    while started.elapsed() < Duration::from_secs(60) {
+    wait_until(Duration::from_secs(60), 100, || {
         match run("rabbitmqctl", &["-q", "eval", "rabbit_alarm:get_alarms()."]) {
-            Ok(alarms) if alarms.trim() == "[]" => break,
+            Ok(alarms) if alarms.trim() == "[]" => return true,
             Ok(alarms) => last = alarms.trim().to_owned(),
             Err(e) => last = e,
         }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        false
+    });
     if !last.is_empty() {
         eprintln!(
             "the broker was in a resource alarm for {:.1} s after it started: {last}",
@@ -96,14 +97,11 @@ fn await_no_alarm() {
 }
 
 fn pg_version() -> String {
-    let mut versions: Vec<u32> = std::fs::read_dir("/etc/postgresql")
-        .map(|dir| {
-            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    versions.sort_unstable();
-    versions.last().map_or_else(|| "15".into(), u32::to_string)
+    let dir = std::fs::read_dir("/etc/postgresql").into_iter().flatten();
+    let versions = dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok());
+    versions
+        .max()
+        .map_or_else(|| "15".into(), |v| v.to_string())
 }
 
 fn pg_ctlcluster(action: &str) -> Result<String, String> {
@@ -118,16 +116,16 @@ pub fn ensure_database_up() {
     if !port_open(PG_PORT) {
         let _ = pg_ctlcluster("start");
         assert!(
-            wait_port(PG_PORT, Duration::from_secs(60)),
+            wait_until(Duration::from_secs(60), 100, || port_open(PG_PORT)),
             "PostgreSQL did not open {PG_PORT} within 60 s"
         );
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
     let select_1 = argv("-h 127.0.0.1 -U postgres -d postgres -Atqc", "select 1");
-    while run("psql", &select_1).is_err() {
-        assert!(Instant::now() < deadline, "PostgreSQL does not answer");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let answers = || run("psql", &select_1).is_ok();
+    assert!(
+        wait_until(Duration::from_secs(30), 200, answers),
+        "PostgreSQL does not answer"
+    );
 }
 
 /// Lines of the test broker's log files that contain `needle` (0 when the
@@ -219,10 +217,7 @@ impl Outage {
                 run("kill", &["-9", &pid]).expect("kill -9 beam.smp");
                 // Wait until it is really gone, so the restart is a restart.
                 let proc = PathBuf::from(format!("/proc/{pid}"));
-                let deadline = Instant::now() + Duration::from_secs(10);
-                while proc.exists() && Instant::now() < deadline {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
+                wait_until(Duration::from_secs(10), 50, || !proc.exists());
             }
             Fault::DatabaseStop => {
                 pg_ctlcluster("stop").expect("pg_ctlcluster stop");

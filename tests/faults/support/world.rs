@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use order_expiry::{Scheduler, publisher::ExpiryMessage};
+use order_expiry::publisher::ExpiryMessage;
 use order_expiry_testkit::{Figures, Ledger, Served, World, WorldBuilder, message};
 
 use super::*;
@@ -13,12 +13,6 @@ use super::*;
 /// them down), then builds the world; `name` labels its logs.
 pub async fn world(name: &str) -> World {
     build(name, World::builder()).await
-}
-
-/// A world whose orders live in the database of `url` (the failover pair's,
-/// [`order_expiry_testkit::pg_pair::url`]) instead of the test database.
-pub async fn world_on_database(name: &str, url: &str) -> World {
-    build(name, World::builder().database_url(url)).await
 }
 
 /// A world from `builder` (more ladder levels, another database...).
@@ -70,12 +64,6 @@ pub fn orders(prefix: &str, n: usize, due_ms: impl Fn(i64) -> i64) -> Vec<(Strin
 /// The ids of `orders`.
 pub fn ids(orders: &[(String, DateTime<Utc>)]) -> Vec<&str> {
     orders.iter().map(|(id, _)| id.as_str()).collect()
-}
-
-/// Schedules every order of `orders` with `schedule_many`; all must be confirmed.
-pub async fn schedule_all(scheduler: &Scheduler, orders: &[(String, DateTime<Utc>)]) {
-    let scheduled = scheduler.schedule_many(orders.iter().cloned()).await;
-    assert!(scheduled.iter().all(Result::is_ok), "all scheduled");
 }
 
 /// A next `serve` (with `env`) settles `ledger` within 30 s: the invariants,
