@@ -38,13 +38,24 @@ pub struct Placed {
     pub paid: bool,
 }
 
-/// Everything the order service side of a test did.
-#[derive(Debug, Default, Clone)]
-pub struct Ledger {
+/// Everything the order service side of a test did: each order as a
+/// [`Placed`], or as a richer record that keeps one (the soak's, which also
+/// knows its route and payment gateway).
+#[derive(Debug, Clone)]
+pub struct Ledger<O = Placed> {
     /// Every order placed.
-    pub orders: Vec<Placed>,
-    /// Every `schedule()` call [`order_service`] made.
+    pub orders: Vec<O>,
+    /// Every `schedule()` call the order service made.
     pub calls: Vec<Call>,
+}
+
+impl<O> Default for Ledger<O> {
+    fn default() -> Self {
+        Self {
+            orders: Vec::new(),
+            calls: Vec::new(),
+        }
+    }
 }
 
 impl Ledger {
@@ -85,6 +96,17 @@ impl Ledger {
             ledger.add(id, *due_at, scheduled, paid);
         }
         ledger
+    }
+}
+
+impl<O> Ledger<O> {
+    /// Records one `schedule()` call that started at `started` and ended now.
+    pub fn call<T, E: std::fmt::Display>(&mut self, started: Instant, result: &Result<T, E>) {
+        self.calls.push(Call {
+            started,
+            ended: Instant::now(),
+            error: result.as_ref().err().map(ToString::to_string),
+        });
     }
 
     /// `schedule()` calls that returned an error.
@@ -178,13 +200,8 @@ pub async fn order_service(
         while !scheduled && Utc::now() < due_at + give_up {
             let started = Instant::now();
             let result = scheduler.schedule(id.as_str(), due_at).await;
-            let error = result.err().map(|e| e.to_string());
-            scheduled = error.is_none();
-            ledger.calls.push(Call {
-                started,
-                ended: Instant::now(),
-                error,
-            });
+            scheduled = result.is_ok();
+            ledger.call(started, &result);
             if !scheduled {
                 tokio::time::sleep(pace.retry_every).await;
             }
@@ -497,6 +514,7 @@ mod tests {
             pay_deadline: at(due),
             paid_at: None,
             cancelled_at: cancelled.map(at),
+            cancelled_by: None,
         }
     }
 

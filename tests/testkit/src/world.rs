@@ -424,8 +424,8 @@ impl World {
     /// Every order of the world, by id.
     pub async fn orders(&self) -> Result<HashMap<String, OrderRow>, String> {
         let client = self.store.client().await.map_err(|e| e.to_string())?;
-        let select = "SELECT id, status, pay_deadline, paid_at, cancelled_at FROM orders";
-        let rows = client.query(select, &[]).await.map_err(|e| e.to_string())?;
+        let rows = client.query(SELECT_ORDERS, &[]).await;
+        let rows = rows.map_err(|e| e.to_string())?;
         Ok(rows.iter().map(OrderRow::keyed).collect())
     }
 
@@ -436,8 +436,7 @@ impl World {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let read = async {
-                let select = "SELECT id, status, pay_deadline, paid_at, cancelled_at FROM orders";
-                let rows = self.connect().await?.query(select, &[]).await?;
+                let rows = self.connect().await?.query(SELECT_ORDERS, &[]).await?;
                 Ok::<_, tokio_postgres::Error>(rows.iter().map(OrderRow::keyed).collect())
             };
             match read.await {
@@ -455,9 +454,7 @@ impl World {
     }
 
     async fn orders_where(&self, filter: &str, value: &str) -> HashMap<String, OrderRow> {
-        let select = format!(
-            "SELECT id, status, pay_deadline, paid_at, cancelled_at FROM orders WHERE {filter}"
-        );
+        let select = format!("{SELECT_ORDERS} WHERE {filter}");
         let client = self.store.client().await.expect("database");
         let rows = client.query(&select, &[&value]).await.expect("orders");
         rows.iter().map(OrderRow::keyed).collect()
@@ -679,7 +676,14 @@ pub struct OrderRow {
     pub paid_at: Option<DateTime<Utc>>,
     /// When it was cancelled.
     pub cancelled_at: Option<DateTime<Utc>>,
+    /// Who cancelled it, in a table with a `cancelled_by` column that a
+    /// sweep statement sets (the soak's), `None` elsewhere.
+    pub cancelled_by: Option<String>,
 }
+
+/// The columns of [`OrderRow`], `cancelled_by` where the table has it.
+const SELECT_ORDERS: &str = "SELECT id, status, pay_deadline, paid_at, cancelled_at, \
+     to_jsonb(orders) ->> 'cancelled_by' FROM orders";
 
 impl OrderRow {
     fn keyed(row: &tokio_postgres::Row) -> (String, Self) {
@@ -688,6 +692,7 @@ impl OrderRow {
             pay_deadline: row.get(2),
             paid_at: row.get(3),
             cancelled_at: row.get(4),
+            cancelled_by: row.get(5),
         };
         (row.get(0), order)
     }
