@@ -33,7 +33,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio_util::sync::CancellationToken;
 
-use super::world::{SoakWorld, Which};
+use super::world::{SERVES, SoakWorld, Which};
 
 /// One fault, with what it needs.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -79,68 +79,80 @@ pub(super) enum Kind {
 /// No fault, no excuse: an order is cancelled within this of its due time.
 pub(super) const BASE_BOUND: Duration = Duration::from_secs(5);
 
+/// Which world's orders a fault can delay.
+#[derive(Debug, Clone, Copy)]
+enum Reach {
+    Both,
+    Only(Which),
+    /// The world of `serve` slot N.
+    Slot(usize),
+}
+
 impl Kind {
-    /// How late past max(due, recovered) an order whose wait this fault
-    /// overlapped may be cancelled. Each is the bound the fault's own test
-    /// asserts (tests/cluster, tests/faults), or what the service's retry
-    /// settings imply (retry_max_ms 10 s, query_timeout_ms 6 s), plus the
-    /// [`BASE_BOUND`] of a loaded machine.
-    pub(super) fn bound(&self) -> Duration {
-        let secs = match self {
+    /// What each fault is: its family (for the plot's colours and the
+    /// totals); its bound in seconds (see [`Self::bound`]); whether that
+    /// counts from the order's due time alone, not from max(due, recovered)
+    /// (a cluster node that dies or hangs must not hold orders for as long
+    /// as it is gone, issue 33); and which world's orders it can delay.
+    fn spec(&self) -> (&'static str, u64, bool, Reach) {
+        use Which::{Http, Sql};
+        match self {
             // tests/cluster/node_gone.rs and hung_node.rs: from the order's
-            // due time, whenever the node returns ([`Self::counts_from_due`]), and
-            // without the loaded machine's allowance: those tests hold it.
-            Kind::NodeKill { .. } | Kind::NodeStop { .. } => return Duration::from_secs(10),
-            Kind::NodePause { .. } => return Duration::from_secs(30),
+            // due time, whenever the node returns.
+            Kind::NodeKill { .. } => ("node kill -9", 10, true, Reach::Both),
+            Kind::NodeStop { .. } => ("node stop", 10, true, Reach::Both),
+            Kind::NodePause { .. } => ("node SIGSTOP", 30, true, Reach::Both),
             // tests/cluster/partition.rs: 30 s for what falls due while the
             // majority has not yet seen the node go (net_ticktime), 10 s
             // after that; the checker holds every order to the longer one.
-            Kind::NodePartition { .. } => return Duration::from_secs(30),
+            Kind::NodePartition { .. } => ("node cut off", 30, true, Reach::Both),
             // Redelivery to the other serve, or this one's restart.
-            Kind::ServeKill { .. } => 10,
+            Kind::ServeKill { slot, .. } => ("serve kill -9", 10, false, Reach::Slot(*slot)),
             // The consumer's retry backoff (up to 10 s) and a reconnect.
-            Kind::PostgresRestart | Kind::OrderServiceDown { .. } | Kind::GatewayDown { .. } => 15,
+            Kind::PostgresRestart => ("PostgreSQL restart", 15, false, Reach::Only(Http)),
+            Kind::OrderServiceDown { .. } => ("order service down", 15, false, Reach::Only(Http)),
+            Kind::GatewayDown { .. } => ("gateway down", 15, false, Reach::Only(Http)),
             // tests/faults/failover: within 10 s of the promotion (`recovered`).
-            Kind::DatabaseFailover { .. } | Kind::DatabaseSwitchback => 10,
+            Kind::DatabaseFailover { .. } => ("PostgreSQL failover", 10, false, Reach::Only(Sql)),
+            Kind::DatabaseSwitchback => ("PostgreSQL switchback", 10, false, Reach::Only(Sql)),
             // query_timeout (6 s) to notice, then the backoff.
-            Kind::DatabaseBlackhole { .. } => 20,
-            Kind::ParkedReplay => 0,
+            Kind::DatabaseBlackhole { .. } => ("database blackhole", 20, false, Reach::Only(Sql)),
+            Kind::ParkedReplay => ("parked replay", 0, false, Reach::Only(Sql)),
             // What was due in the old ladder goes to the due queue at once.
-            Kind::LadderMigrate { .. } => 10,
-        };
-        Duration::from_secs(secs) + BASE_BOUND
+            Kind::LadderMigrate { .. } => ("ladder migrate", 10, false, Reach::Only(Sql)),
+        }
     }
 
-    /// Whether [`Self::bound`] counts from the order's due time alone, not
-    /// from max(due, recovered): a cluster node that dies or hangs must not
-    /// hold orders for as long as it is gone (issue 33).
+    /// How late past max(due, recovered) (or past due, see
+    /// [`Self::counts_from_due`]) an order whose wait this fault overlapped
+    /// may be cancelled. Each is the bound the fault's own test asserts
+    /// (tests/cluster, tests/faults), or what the service's retry settings
+    /// imply (retry_max_ms 10 s, query_timeout_ms 6 s), plus the
+    /// [`BASE_BOUND`] of a loaded machine; but a node fault's bound is its
+    /// test's own, without that allowance: those tests hold it.
+    pub(super) fn bound(&self) -> Duration {
+        let (_, secs, from_due, _) = self.spec();
+        let allowance = if from_due { Duration::ZERO } else { BASE_BOUND };
+        Duration::from_secs(secs) + allowance
+    }
+
+    /// Whether [`Self::bound`] counts from the order's due time alone.
     pub(super) fn counts_from_due(&self) -> bool {
-        matches!(
-            self,
-            Kind::NodeKill { .. }
-                | Kind::NodeStop { .. }
-                | Kind::NodePause { .. }
-                | Kind::NodePartition { .. }
-        )
+        self.spec().2
     }
 
     /// Whether it can delay `which`'s orders.
     pub(super) fn affects(&self, which: Which, slot_world: impl Fn(usize) -> Which) -> bool {
-        match self {
-            Kind::NodeKill { .. }
-            | Kind::NodeStop { .. }
-            | Kind::NodePause { .. }
-            | Kind::NodePartition { .. } => true,
-            Kind::ServeKill { slot, .. } => slot_world(*slot) == which,
-            Kind::DatabaseFailover { .. }
-            | Kind::DatabaseSwitchback
-            | Kind::DatabaseBlackhole { .. }
-            | Kind::ParkedReplay
-            | Kind::LadderMigrate { .. } => which == Which::Sql,
-            Kind::PostgresRestart | Kind::OrderServiceDown { .. } | Kind::GatewayDown { .. } => {
-                which == Which::Http
-            }
+        match self.spec().3 {
+            Reach::Both => true,
+            Reach::Only(world) => world == which,
+            Reach::Slot(slot) => slot_world(slot) == which,
         }
+    }
+
+    /// Which family it belongs to, for the plot's colours and the totals.
+    pub(super) fn family(&self) -> &'static str {
+        self.spec().0
     }
 
     /// A short name for the report.
@@ -183,25 +195,6 @@ impl Kind {
             },
         }
     }
-
-    /// Which family it belongs to, for the plot's colours and the totals.
-    pub(super) fn family(&self) -> &'static str {
-        match self {
-            Kind::NodeKill { .. } => "node kill -9",
-            Kind::NodeStop { .. } => "node stop",
-            Kind::NodePause { .. } => "node SIGSTOP",
-            Kind::NodePartition { .. } => "node cut off",
-            Kind::ServeKill { .. } => "serve kill -9",
-            Kind::PostgresRestart => "PostgreSQL restart",
-            Kind::DatabaseFailover { .. } => "PostgreSQL failover",
-            Kind::DatabaseSwitchback => "PostgreSQL switchback",
-            Kind::DatabaseBlackhole { .. } => "database blackhole",
-            Kind::OrderServiceDown { .. } => "order service down",
-            Kind::GatewayDown { .. } => "gateway down",
-            Kind::ParkedReplay => "parked replay",
-            Kind::LadderMigrate { .. } => "ladder migrate",
-        }
-    }
 }
 
 /// One fault as it happened.
@@ -233,10 +226,9 @@ pub(super) async fn lane(
     stop: CancellationToken,
 ) -> Vec<Record> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let serves = world.serve_count().await;
     let mut records = Vec::new();
     loop {
-        let (gap, mut kind) = draw(&mut rng, lane, serves);
+        let (gap, mut kind) = draw(&mut rng, lane, SERVES.len());
         if kind == Kind::PostgresRestart && !postgres_restarts {
             // Drawn all the same, so the rest of the schedule stays the seed's.
             kind = Kind::DatabaseBlackhole {
@@ -262,9 +254,10 @@ pub(super) async fn lane(
         let started = Utc::now();
         let at = (started - soak_started).num_seconds();
         println!("soak +{:02}:{:02}: {}", at / 60, at % 60, kind.label());
-        let (error, injected) = match inject(world, kind).await {
-            Ok(injected) => (None, injected),
-            Err(e) => (Some(format!("{e:#}")), Injected::default()),
+        let mut caused = Vec::new();
+        let (error, recovered) = match inject(world, kind, &mut caused).await {
+            Ok(recovered) => (None, recovered),
+            Err(e) => (Some(format!("{e:#}")), None),
         };
         if let Some(e) = &error {
             println!("soak: {} failed: {e}", kind.label());
@@ -272,10 +265,10 @@ pub(super) async fn lane(
         records.push(Record {
             kind,
             started,
-            recovered: injected.recovered.unwrap_or_else(Utc::now),
+            recovered: recovered.unwrap_or_else(Utc::now),
             error,
         });
-        records.extend(injected.caused);
+        records.extend(caused);
     }
 }
 
@@ -344,99 +337,69 @@ fn draw(rng: &mut StdRng, lane: Lane, serves: usize) -> (Duration, Kind) {
     }
 }
 
-/// What injecting a fault left besides itself.
-#[derive(Debug, Default)]
-struct Injected {
-    /// The records of the faults it caused.
-    caused: Vec<Record>,
-    /// When it was repaired, if before it returned (a promotion, before the
-    /// new standby is made).
-    recovered: Option<DateTime<Utc>>,
-}
-
-impl From<Vec<Record>> for Injected {
-    fn from(caused: Vec<Record>) -> Self {
-        Self {
-            caused,
-            recovered: None,
-        }
-    }
-}
-
-/// Injects `kind` and repairs it; returns when it is repaired, with what it
-/// left.
-async fn inject(world: &SoakWorld, kind: Kind) -> anyhow::Result<Injected> {
+/// Injects `kind` and repairs it; when it was repaired, if before it
+/// returned (a promotion, before the new standby is made). The faults it
+/// caused go to `caused`.
+async fn inject(
+    world: &SoakWorld,
+    kind: Kind,
+    caused: &mut Vec<Record>,
+) -> anyhow::Result<Option<DateTime<Utc>>> {
     // The caller holds the node lock.
     let node_fault = |down: &'static str, up: &'static str, node: usize, lasting, limit| async move {
         cluster_sh(&[down, &node.to_string()], limit).await?;
         tokio::time::sleep(lasting).await;
-        cluster_sh(&[up, &node.to_string()], 180).await?;
-        Ok(Injected::default())
+        cluster_sh(&[up, &node.to_string()], 180).await
     };
+    let unavailable = Reply::Status(503, "down for the soak".into());
     match kind {
-        Kind::NodeKill { node, down } => node_fault("kill", "start", node, down, 30).await,
-        Kind::NodeStop { node, down } => node_fault("stop", "start", node, down, 90).await,
-        Kind::NodePause { node, hung } => node_fault("pause", "resume", node, hung, 30).await,
+        Kind::NodeKill { node, down } => node_fault("kill", "start", node, down, 30).await?,
+        Kind::NodeStop { node, down } => node_fault("stop", "start", node, down, 90).await?,
+        Kind::NodePause { node, hung } => node_fault("pause", "resume", node, hung, 30).await?,
         Kind::NodePartition { node, lasting } => {
             cluster_sh(&["isolate", &node.to_string()], 30).await?;
             tokio::time::sleep(lasting).await;
             cluster_sh(&["heal"], 30).await?;
-            Ok(Injected::default())
         }
         Kind::ServeKill { slot, down } => {
             world.kill_serve(slot).await;
             tokio::time::sleep(down).await;
             world.start_serve(slot).await?;
-            Ok(Injected::default())
         }
-        Kind::PostgresRestart => restart_postgres().await.map(|()| Injected::default()),
+        Kind::PostgresRestart => restart_postgres().await?,
         Kind::DatabaseFailover { detect } => {
             pg_pair_sh(&["kill", "1"], 30).await?;
             tokio::time::sleep(detect).await;
             pg_pair_sh(&["promote", "2"], 90).await?;
             world.failed_over.store(true, Ordering::SeqCst);
-            Ok(Injected::default())
         }
         Kind::DatabaseSwitchback => {
             let promoted = pg_pair::switchback().await.map_err(anyhow::Error::msg)?;
             world.failed_over.store(false, Ordering::SeqCst);
-            Ok(Injected {
-                caused: Vec::new(),
-                recovered: Some(promoted),
-            })
+            return Ok(Some(promoted));
         }
         Kind::DatabaseBlackhole { lasting } => {
             world.blackhole_database();
             tokio::time::sleep(lasting).await;
             world.restore_database();
-            Ok(Injected::default())
         }
-        Kind::OrderServiceDown { lasting } => {
-            world
-                .endpoint
-                .fail("expire", Reply::Status(503, "down for the soak".into()));
-            tokio::time::sleep(lasting).await;
-            world.endpoint.recover("expire");
-            Ok(Injected::default())
-        }
-        Kind::GatewayDown { lasting, hangs } => {
-            let reply = if hangs {
+        Kind::OrderServiceDown { lasting } | Kind::GatewayDown { lasting, .. } => {
+            let (path, reply) = match kind {
                 // Past action.check.timeout_ms (2 s in the soak).
-                Reply::Hang(Duration::from_secs(3))
-            } else {
-                Reply::Status(503, "down for the soak".into())
+                Kind::GatewayDown { hangs: true, .. } => {
+                    ("payment", Reply::Hang(Duration::from_secs(3)))
+                }
+                Kind::GatewayDown { .. } => ("payment", unavailable),
+                _ => ("expire", unavailable),
             };
-            world.endpoint.fail("payment", reply);
+            world.endpoint.fail(path, reply);
             tokio::time::sleep(lasting).await;
-            world.endpoint.recover("payment");
-            Ok(Injected::default())
+            world.endpoint.recover(path);
         }
         Kind::ParkedReplay => {
             let args = ["parked", "replay", "--all"];
-            world
-                .cli(Which::Sql, 1, &args, Duration::from_secs(60))
-                .await?;
-            Ok(Injected::default())
+            let limit = Duration::from_secs(60);
+            world.cli(Which::Sql, 1, &args, limit).await?;
         }
         Kind::LadderMigrate { lasting, stop } => {
             world.old_ladder.open();
@@ -448,11 +411,12 @@ async fn inject(world: &SoakWorld, kind: Kind) -> anyhow::Result<Injected> {
             let from = world.old_ladder.prefix.clone();
             let args = ["ladder", "migrate", "--from-prefix", &from];
             let limit = Duration::from_secs(120);
-            let (said, caused) = match stop {
-                None => (world.cli(Which::Sql, 1, &args, limit).await?, Vec::new()),
+            let said = match stop {
+                None => world.cli(Which::Sql, 1, &args, limit).await?,
                 Some(node) => {
                     let (said, stopped) = migrate_as_node_stops(world, node, &args, limit).await;
-                    (said?, vec![stopped])
+                    caused.push(stopped);
+                    said?
                 }
             };
             // What went where, for the run's story: the calls the old ladder
@@ -466,9 +430,9 @@ async fn inject(world: &SoakWorld, kind: Kind) -> anyhow::Result<Injected> {
             for lost in said.lines().filter(|l| l.contains("carrying on through")) {
                 println!("soak: ladder migrate: {lost}");
             }
-            Ok(caused.into())
         }
     }
+    Ok(None)
 }
 
 /// `order-expiry ARGS` given node `node` first, as that node is stopped
@@ -511,7 +475,7 @@ async fn pg_pair_sh(args: &[&str], limit_s: u64) -> anyhow::Result<()> {
 }
 
 /// `scripts/lib/cluster.sh ARGS` within `limit_s` seconds.
-async fn cluster_sh(args: &[&str], limit_s: u64) -> anyhow::Result<()> {
+pub(super) async fn cluster_sh(args: &[&str], limit_s: u64) -> anyhow::Result<()> {
     script(cluster::cluster_sh, args, limit_s).await
 }
 
@@ -557,7 +521,7 @@ pub(super) async fn repair_all(world: &SoakWorld) -> anyhow::Result<()> {
     world.endpoint.recover("expire");
     world.endpoint.recover("payment");
     cluster_sh(&["heal"], 30).await?;
-    for slot in 0..world.serve_count().await {
+    for slot in 0..SERVES.len() {
         if !world.serve_running(slot).await {
             world.start_serve(slot).await?;
         }

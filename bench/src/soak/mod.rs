@@ -37,11 +37,13 @@ use order_expiry::Settings;
 use order_expiry_testkit::cluster;
 use tokio_util::sync::CancellationToken;
 
-use self::check::{End, Row};
+use order_expiry_testkit::world::OrderRow;
+
+use self::check::End;
 use self::faults::{Lane, Record};
 use self::memory::Samples;
-use self::traffic::{Gateway, Ledger, Traffic};
-use self::world::{SWEEP_GRACE, SoakWorld, VHOST, Which};
+use self::traffic::{Gateway, Ledger, Poison, Traffic};
+use self::world::{SERVES, SWEEP_GRACE, SoakWorld, VHOST, Which};
 use crate::GoalsMissed;
 
 /// `order-expiry-bench soak`.
@@ -86,7 +88,9 @@ pub async fn run(settings: &Settings, args: &SoakArgs) -> anyhow::Result<()> {
         out.display()
     );
     let binary = crate::flash::serve::binary(args.serve_bin.as_deref())?;
-    cluster_up().await?;
+    faults::cluster_sh(&["up"], 300)
+        .await
+        .context("bringing the cluster up (scripts/lib/cluster.sh up)")?;
     let world = Arc::new(SoakWorld::start(settings, binary, out.join("logs")).await?);
     let started = Utc::now();
     let stop = CancellationToken::new();
@@ -124,37 +128,34 @@ pub async fn run(settings: &Settings, args: &SoakArgs) -> anyhow::Result<()> {
     faults::repair_all(&world)
         .await
         .context("repairing every fault")?;
-    let ledger = traffic.await.context("the order services")?;
+    let (ledger, poison) = traffic.await.context("the order services")?;
     println!(
         "soak: traffic and faults stopped ({} orders, {} faults); waiting for the last orders",
         ledger.orders.len(),
         records.len()
     );
-    let (sql_rows, http_rows) = settle(&world, &ledger).await?;
+    let (sql_rows, http_rows) = settle(&world, &ledger, poison).await;
     watching.cancel();
     let memory = memory.await.context("the memory watch")?;
     let bundling = bundling.await.context("the orders-per-message watch")?;
 
     let queues = queues(&world).await;
-    let left = leftovers(&world, &queues, &ledger).await;
-    let exited = world.exited().await;
-    let mut slot_worlds = Vec::new();
-    for slot in 0..world.serve_count().await {
-        slot_worlds.push(world.serve_world(slot).await);
-    }
-    let mut verdict = check::check(&End {
-        ledger: &ledger,
-        faults: &records,
-        slot_worlds: &slot_worlds,
-        sql_rows: &sql_rows,
-        http_rows: &http_rows,
-        queues: &queues,
+    let left = leftovers(&world, &queues, poison).await;
+    let end = End {
+        ledger,
+        poison,
+        faults: records,
+        slot_worlds: SERVES.map(|(_, which, _)| which),
+        sql_rows,
+        http_rows,
+        queues,
         sql_parked_queue: world.sql.ladder().parked_queue(),
-        exited: &exited,
-        memory: &memory,
+        exited: world.exited().await,
+        memory,
         bundling,
         duration: args.duration,
-    });
+    };
+    let mut verdict = check::check(&end);
     verdict.violations.extend(left);
     let logs = world.logs().to_owned();
     let world = Arc::into_inner(world).context("the world is still shared")?;
@@ -166,13 +167,9 @@ pub async fn run(settings: &Settings, args: &SoakArgs) -> anyhow::Result<()> {
 
     let run = report::Run {
         seed,
-        duration: args.duration,
         started,
-        ledger: &ledger,
-        faults: &records,
+        end: &end,
         verdict: &verdict,
-        memory: &memory,
-        bundling,
     };
     let text = report::text(&run);
     print!("{text}");
@@ -188,7 +185,7 @@ pub async fn run(settings: &Settings, args: &SoakArgs) -> anyhow::Result<()> {
     if verdict.violations.is_empty() {
         println!(
             "soak passed: seed {seed}, {} faults, no violation",
-            records.len()
+            end.faults.len()
         );
         Ok(())
     } else {
@@ -202,22 +199,14 @@ pub async fn run(settings: &Settings, args: &SoakArgs) -> anyhow::Result<()> {
     }
 }
 
-/// `scripts/lib/cluster.sh up`: three running nodes.
-async fn cluster_up() -> anyhow::Result<()> {
-    tokio::task::spawn_blocking(|| cluster::cluster_sh(&["up"], Duration::from_secs(300)))
-        .await?
-        .map_err(anyhow::Error::msg)
-        .context("bringing the cluster up (scripts/lib/cluster.sh up)")?;
-    Ok(())
-}
-
 /// Waits until every order that should be cancelled is (or two minutes past
 /// the last deadline plus the sweeper's grace), and the sql world's due queue
 /// has parked every poison message; the rows of both worlds.
 async fn settle(
     world: &SoakWorld,
     ledger: &Ledger,
-) -> anyhow::Result<(HashMap<String, Row>, HashMap<String, Row>)> {
+    poison: Poison,
+) -> (HashMap<String, OrderRow>, HashMap<String, OrderRow>) {
     let last_due = ledger
         .orders
         .iter()
@@ -226,8 +215,7 @@ async fn settle(
         .unwrap_or_else(Utc::now);
     let limit = last_due + TimeDelta::seconds(120);
     loop {
-        let sql = rows(world, Which::Sql).await?;
-        let http = rows(world, Which::Http).await?;
+        let (sql, http) = (world.sql.rows().await, world.http.rows().await);
         let waiting = ledger.orders.iter().filter(|o| {
             let rows = if o.which == Which::Sql { &sql } else { &http };
             let should_cancel = !o.paid && o.gateway != Gateway::Paid;
@@ -235,25 +223,15 @@ async fn settle(
         });
         let waiting = waiting.count();
         let parked = world.sql.depth(&world.sql.ladder().parked_queue()).await;
-        let settled = waiting == 0 && parked as usize >= ledger.poison;
+        let settled = waiting == 0 && u64::from(parked) >= poison.confirmed;
         if (settled && Utc::now() > last_due) || Utc::now() > limit {
             if !settled {
                 println!("soak: {waiting} orders still unpaid and {parked} parked at the limit");
             }
-            drain(world, ledger).await;
-            return Ok((sql, http));
+            drain(world, poison).await;
+            return (sql, http);
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-}
-
-/// What `queue` should hold at the end: the poison in the sql world's parked
-/// queue, nothing anywhere else.
-fn expected(world: &SoakWorld, ledger: &Ledger, queue: &str) -> std::ops::RangeInclusive<u64> {
-    if queue == world.sql.ladder().parked_queue() {
-        ledger.parked_expected()
-    } else {
-        0..=0
     }
 }
 
@@ -262,14 +240,14 @@ fn expected(world: &SoakWorld, ledger: &Ledger, queue: &str) -> std::ops::RangeI
 /// message still travelling for an order already settled (a duplicate of a
 /// retried publish, an extended order's first message) arrives and is acked.
 /// What is left after that is stuck, and the checker says so.
-async fn drain(world: &SoakWorld, ledger: &Ledger) {
+async fn drain(world: &SoakWorld, poison: Poison) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    let parked = world.sql.ladder().parked_queue();
     while tokio::time::Instant::now() < deadline {
         let queues = queues(world).await;
-        if queues
-            .iter()
-            .all(|(name, messages)| expected(world, ledger, name).contains(messages))
-        {
+        let expected =
+            |(name, messages): &(String, u64)| poison.expected(&parked, name).contains(messages);
+        if queues.iter().all(expected) {
             return;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -278,11 +256,11 @@ async fn drain(world: &SoakWorld, ledger: &Ledger) {
 
 /// One message of each ladder or due queue that should be empty and is not
 /// (taken off it: the world is removed next), for the report.
-async fn leftovers(world: &SoakWorld, queues: &[(String, u64)], ledger: &Ledger) -> Vec<String> {
+async fn leftovers(world: &SoakWorld, queues: &[(String, u64)], poison: Poison) -> Vec<String> {
     let mut found = Vec::new();
     for (name, messages) in queues {
-        let parked = *name == world.sql.ladder().parked_queue();
-        if parked || expected(world, ledger, name).contains(messages) {
+        let parked = world.sql.ladder().parked_queue();
+        if *name == parked || poison.expected(&parked, name).contains(messages) {
             continue;
         }
         let w = if name.starts_with(&format!("{}.", world.sql.settings.topology.prefix)) {
@@ -299,29 +277,6 @@ async fn leftovers(world: &SoakWorld, queues: &[(String, u64)], ledger: &Ledger)
         }
     }
     found
-}
-
-/// Every row of `which`'s orders table.
-async fn rows(world: &SoakWorld, which: Which) -> anyhow::Result<HashMap<String, Row>> {
-    let (store, marker) = match which {
-        Which::Sql => (&world.sql.store, "cancelled_by"),
-        Which::Http => (&world.http.store, "NULL::text"),
-    };
-    let query = format!("SELECT id, status, pay_deadline, cancelled_at, {marker} FROM orders");
-    let client = store.client().await?;
-    let rows = client.query(&query, &[]).await?;
-    Ok(rows
-        .iter()
-        .map(|r| {
-            let row = Row {
-                status: r.get(1),
-                pay_deadline: r.get(2),
-                cancelled_at: r.get(3),
-                cancelled_by: r.get(4),
-            };
-            (r.get(0), row)
-        })
-        .collect())
 }
 
 /// Messages in each queue of both worlds.

@@ -3,16 +3,11 @@
 
 use std::fmt::Write as _;
 use std::path::Path;
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use plotters::prelude::*;
 
-use super::bundles::Bundling;
-use super::check::Verdict;
-use super::faults::Record;
-use super::memory::Samples;
-use super::traffic::Ledger;
+use super::check::{End, Verdict};
 use crate::cdf::Distribution;
 use crate::{fmt_ms, plot_error};
 
@@ -20,13 +15,9 @@ use crate::{fmt_ms, plot_error};
 #[derive(Debug)]
 pub(super) struct Run<'a> {
     pub(super) seed: u64,
-    pub(super) duration: Duration,
     pub(super) started: DateTime<Utc>,
-    pub(super) ledger: &'a Ledger,
-    pub(super) faults: &'a [Record],
+    pub(super) end: &'a End,
     pub(super) verdict: &'a Verdict,
-    pub(super) memory: &'a Samples,
-    pub(super) bundling: Bundling,
 }
 
 /// The text report.
@@ -37,14 +28,14 @@ pub(super) fn text(run: &Run<'_>) -> String {
         out,
         "soak: seed {}, {} of traffic and faults, started {}",
         run.seed,
-        humantime::format_duration(run.duration),
+        humantime::format_duration(run.end.duration),
         run.started.format("%Y-%m-%d %H:%M:%S UTC")
     );
     let _ = writeln!(
         out,
         "\n| at | fault | lasted | orders it held up | worst lateness among them |\n| --- | --- | --- | --- | --- |"
     );
-    for (fault, (n, worst)) in run.faults.iter().zip(&v.per_fault) {
+    for (fault, (n, worst)) in run.end.faults.iter().zip(&v.per_fault) {
         let _ = writeln!(
             out,
             "| +{} | {}{} | {:.1} s | {n} | {} |",
@@ -64,7 +55,7 @@ pub(super) fn text(run: &Run<'_>) -> String {
         );
     }
     let mut families: Vec<(&str, usize)> = Vec::new();
-    for fault in run.faults {
+    for fault in &run.end.faults {
         match families.iter_mut().find(|(f, _)| *f == fault.kind.family()) {
             Some((_, n)) => *n += 1,
             None => families.push((fault.kind.family(), 1)),
@@ -73,7 +64,7 @@ pub(super) fn text(run: &Run<'_>) -> String {
     let families: Vec<String> = families.iter().map(|(f, n)| format!("{f} {n}")).collect();
     let by_ladder = v.cancels.iter().filter(|c| !c.swept);
     let ladder = Distribution::of(by_ladder.map(|c| c.late.as_secs_f64() * 1000.0).collect());
-    let bursts = run.ledger.orders.iter().filter(|o| o.burst).count();
+    let bursts = run.end.ledger.orders.iter().filter(|o| o.burst).count();
     let _ = writeln!(
         out,
         "\nfaults: {} ({})\n\
@@ -81,7 +72,7 @@ pub(super) fn text(run: &Run<'_>) -> String {
          paid {}, kept by the gateway's \"paid\" {}, extended {}, never scheduled {}, \
          poison sent {} (and {} unconfirmed publishes), schedule calls retried {}\n\
          lateness of the ladder's cancels: p50 {}, p99 {}, p99.9 {}, max {}",
-        run.faults.len(),
+        run.end.faults.len(),
         families.join(", "),
         v.orders,
         bursts,
@@ -92,22 +83,23 @@ pub(super) fn text(run: &Run<'_>) -> String {
         v.kept_by_gateway,
         v.extended,
         v.never_scheduled,
-        run.ledger.poison,
-        run.ledger.poison_unsure,
-        run.ledger.schedule_errors,
+        run.end.poison.confirmed,
+        run.end.poison.unsure,
+        run.end.ledger.schedule_errors(),
         fmt_ms(ladder.p50_ms),
         fmt_ms(ladder.p99_ms),
         fmt_ms(ladder.p999_ms),
         fmt_ms(ladder.max_ms),
     );
     let memory: Vec<String> = run
+        .end
         .memory
         .summary()
         .iter()
         .map(|(name, lo, hi, last)| format!("{name} {lo}-{hi} MB (last {last})"))
         .collect();
     let _ = writeln!(out, "memory (RSS): {}", memory.join(", "));
-    let b = run.bundling;
+    let b = run.end.bundling;
     let _ = writeln!(
         out,
         "orders per due message: {} orders in {} messages (mean {:.1}), {} of them bundles \
@@ -149,7 +141,7 @@ pub(super) fn plot(run: &Run<'_>, path: &Path) -> anyhow::Result<()> {
         .cancels
         .iter()
         .map(|c| since(c.due_at))
-        .fold(run.duration.as_secs_f64(), f64::max)
+        .fold(run.end.duration.as_secs_f64(), f64::max)
         + 10.0;
     let max_s = v
         .cancels
@@ -179,7 +171,7 @@ pub(super) fn plot(run: &Run<'_>, path: &Path) -> anyhow::Result<()> {
         .y_desc("cancelled_at - due (s, log)")
         .draw()
         .map_err(plot_error)?;
-    let bands = run.faults.iter().map(|f| {
+    let bands = run.end.faults.iter().map(|f| {
         let colour = if f.kind.family().starts_with("node") {
             RED
         } else {

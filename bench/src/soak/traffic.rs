@@ -78,6 +78,27 @@ pub(super) struct Order {
     pub(super) gateway: Gateway,
 }
 
+impl Order {
+    /// An order about to be placed: created now, not scheduled, unpaid, not
+    /// in a burst, the gateway answering `unpaid`.
+    fn new(id: String, which: Which, route: Route, due_at: DateTime<Utc>) -> Self {
+        Self {
+            placed: Placed {
+                id,
+                due_at,
+                scheduled: false,
+                paid: false,
+            },
+            which,
+            route,
+            burst: false,
+            created: Utc::now(),
+            extended_from: None,
+            gateway: Gateway::Unpaid,
+        }
+    }
+}
+
 impl Deref for Order {
     type Target = Placed;
 
@@ -86,42 +107,40 @@ impl Deref for Order {
     }
 }
 
-/// Everything the order services did.
-#[derive(Debug, Default)]
-pub(super) struct Ledger {
-    pub(super) orders: Vec<Order>,
+/// Everything the order services did: every order, every `schedule` call.
+pub(super) type Ledger = order_expiry_testkit::Ledger<Order>;
+
+/// What the poison producer sent.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Poison {
     /// Poison messages confirmed into the sql world's due queue.
-    pub(super) poison: usize,
-    /// Poison publishes that went out and got no confirm (a node cut off or
-    /// gone before it answered): each may have reached the queue all the
-    /// same, so the attempt that followed may have sent a second copy.
-    pub(super) poison_unsure: usize,
-    /// Failed `schedule` calls (each retried).
-    pub(super) schedule_errors: u64,
+    pub(super) confirmed: u64,
+    /// Publishes that went out and got no confirm (a node cut off or gone
+    /// before it answered): each may have reached the queue all the same, so
+    /// the attempt that followed may have sent a second copy.
+    pub(super) unsure: u64,
 }
 
-impl Ledger {
-    /// What the sql world's parked queue should hold at the end: every
-    /// confirmed poison message, and perhaps a copy of each unsure publish.
-    pub(super) fn parked_expected(&self) -> std::ops::RangeInclusive<u64> {
-        let confirmed = self.poison as u64;
-        confirmed..=confirmed + self.poison_unsure as u64
+impl Poison {
+    /// What `queue` should hold at the end: in the sql world's parked queue,
+    /// every confirmed poison message and perhaps a copy of each unsure
+    /// publish; nothing anywhere else.
+    pub(super) fn expected(&self, parked: &str, queue: &str) -> std::ops::RangeInclusive<u64> {
+        match queue == parked {
+            true => self.confirmed..=self.confirmed + self.unsure,
+            false => 0..=0,
+        }
     }
 }
 
 /// What an order task is told to do.
 #[derive(Debug, Clone)]
 struct Plan {
-    id: String,
-    which: Which,
-    route: Route,
-    burst: bool,
-    due_at: DateTime<Utc>,
+    order: Order,
     /// Pay this long after creation.
     pay_after: Option<Duration>,
     /// Extend by this much 1.5 s before due.
     extend_by: Option<Duration>,
-    gateway: Gateway,
 }
 
 /// The order services' shared parts.
@@ -133,6 +152,7 @@ pub(super) struct Traffic {
     old_ladder_scheduler: Scheduler,
     http_scheduler: Scheduler,
     ledger: Mutex<Ledger>,
+    poison: Mutex<Poison>,
 }
 
 impl Traffic {
@@ -147,12 +167,13 @@ impl Traffic {
             http_scheduler: scheduler(world.settings(Which::Http, 3))?,
             world,
             ledger: Mutex::new(Ledger::default()),
+            poison: Mutex::new(Poison::default()),
         }))
     }
 
     /// Runs the order services, the bursts and the poison producer until
     /// `stop`; then waits for every order's task (its payment, extension and
-    /// retries) and returns the ledger. Unscheduled orders stop at
+    /// retries) and returns the ledger and the poison sent. Unscheduled orders stop at
     /// `unscheduled_until`, so the sweeper's grace passes before the soak checks.
     pub(super) async fn run(
         self: Arc<Self>,
@@ -160,7 +181,7 @@ impl Traffic {
         rate: f64,
         unscheduled_until: tokio::time::Instant,
         stop: CancellationToken,
-    ) -> Ledger {
+    ) -> (Ledger, Poison) {
         let mut tasks = JoinSet::new();
         tasks.spawn(Arc::clone(&self).place(
             seed,
@@ -179,8 +200,8 @@ impl Traffic {
         tasks.spawn(Arc::clone(&self).bursts(seed ^ 0x6275, stop.clone()));
         tasks.spawn(Arc::clone(&self).poison(seed ^ 0x706f, stop.clone()));
         while tasks.join_next().await.is_some() {}
-        let mut ledger = self.ledger.lock().await;
-        std::mem::take(&mut *ledger)
+        let ledger = std::mem::take(&mut *self.ledger.lock().await);
+        (ledger, *self.poison.lock().await)
     }
 
     /// One world's order service: an order every `1/rate` s until `stop`,
@@ -205,7 +226,7 @@ impl Traffic {
             }
             n += 1;
             let delay_ms = rng.random_range(3_000..40_000);
-            let due_at = whole_ms(Utc::now() + TimeDelta::milliseconds(delay_ms));
+            let due_at = wire_ms(Utc::now() + TimeDelta::milliseconds(delay_ms));
             let route = match which {
                 Which::Sql if n % 100 == 99 && tokio::time::Instant::now() < unscheduled_until => {
                     Route::Unscheduled
@@ -217,22 +238,20 @@ impl Traffic {
             let extend_by = rng
                 .random_bool(1.0 / 12.0)
                 .then(|| Duration::from_millis(rng.random_range(5_000..15_000)));
+            let id = format!("{}-{n}", if which == Which::Sql { "s" } else { "h" });
+            let mut order = Order::new(id, which, route, due_at);
+            order.gateway = match (which, rng.random_range(0..10)) {
+                (Which::Http, 0) => Gateway::Paid,
+                (Which::Http, 1) => Gateway::PendingThenUnpaid,
+                _ => Gateway::Unpaid,
+            };
             let plan = Plan {
-                id: format!("{}-{n}", if which == Which::Sql { "s" } else { "h" }),
-                which,
-                route,
-                burst: false,
-                due_at,
+                order,
                 pay_after,
                 // An extension schedules a message: an unscheduled order
                 // keeps none (seed 2's first 30-minute run extended 11, and
                 // the checker found them cancelled by the ladder).
                 extend_by: extend_by.filter(|_| route != Route::Unscheduled),
-                gateway: match (which, rng.random_range(0..10)) {
-                    (Which::Http, 0) => Gateway::Paid,
-                    (Which::Http, 1) => Gateway::PendingThenUnpaid,
-                    _ => Gateway::Unpaid,
-                },
             };
             orders.spawn(Arc::clone(&self).order(plan));
         }
@@ -260,24 +279,20 @@ impl Traffic {
             let base = now + TimeDelta::seconds(20);
             for i in 0..count {
                 let due_at =
-                    whole_ms(base + TimeDelta::milliseconds(i64::from(i) * 500 / i64::from(count)));
+                    wire_ms(base + TimeDelta::milliseconds(i64::from(i) * 500 / i64::from(count)));
                 let pay_after = payment(&mut rng, (due_at - now).num_milliseconds());
                 let extend_by = rng
                     .random_bool(1.0 / 20.0)
                     .then(|| Duration::from_millis(rng.random_range(5_000..15_000)));
-                let plan = Plan {
-                    id: format!("b{b}-{i}"),
-                    which: Which::Sql,
-                    route: if i % 2 == 0 {
-                        Route::Library
-                    } else {
-                        Route::Outbox
-                    },
+                let route = [Route::Library, Route::Outbox][(i % 2) as usize];
+                let order = Order {
                     burst: true,
-                    due_at,
+                    ..Order::new(format!("b{b}-{i}"), Which::Sql, route, due_at)
+                };
+                let plan = Plan {
+                    order,
                     pay_after,
                     extend_by,
-                    gateway: Gateway::Unpaid,
                 };
                 orders.spawn(Arc::clone(&self).order(plan));
             }
@@ -288,57 +303,48 @@ impl Traffic {
     /// One order's life: created, scheduled, perhaps paid or extended; then
     /// into the ledger.
     async fn order(self: Arc<Self>, plan: Plan) {
-        let created = Utc::now();
+        let Plan {
+            mut order,
+            pay_after,
+            extend_by,
+        } = plan;
         let world = &self.world;
-        let store = match plan.which {
+        let store = match order.which {
             Which::Sql => &world.sql.store,
             Which::Http => &world.http.store,
         };
-        if plan.gateway != Gateway::Unpaid {
-            let replies = match plan.gateway {
+        if order.gateway != Gateway::Unpaid {
+            let replies = match order.gateway {
                 Gateway::Paid => vec![Reply::Payment("paid")],
                 _ => vec![Reply::Payment("pending"), Reply::Payment("unpaid")],
             };
-            world.endpoint.script("payment", &plan.id, replies);
+            world.endpoint.script("payment", &order.id, replies);
         }
-        let give_up = plan.due_at + TimeDelta::seconds(60);
-        let scheduled = match plan.route {
-            Route::Outbox => self.create_with_outbox_row(store, &plan, give_up).await,
+        let (id, due_at) = (order.id.clone(), order.due_at);
+        let give_up = due_at + TimeDelta::seconds(60);
+        order.placed.scheduled = match order.route {
+            Route::Outbox => {
+                self.create_with_outbox_row(store, &id, due_at, give_up)
+                    .await
+            }
             Route::Library | Route::Unscheduled => {
-                let created_row =
-                    retry(give_up, || store.create_unpaid(&plan.id, plan.due_at)).await;
-                created_row
-                    && plan.route == Route::Library
-                    && self.schedule(&plan, plan.due_at).await
+                let created_row = retry(give_up, || store.create_unpaid(&id, due_at));
+                created_row.await.is_some()
+                    && order.route == Route::Library
+                    && self.schedule(&order, due_at).await
             }
         };
-        let mut order = Order {
-            placed: Placed {
-                id: plan.id.clone(),
-                due_at: plan.due_at,
-                scheduled,
-                paid: false,
-            },
-            which: plan.which,
-            route: plan.route,
-            burst: plan.burst,
-            created,
-            extended_from: None,
-            gateway: plan.gateway,
-        };
-        if let Some(after) = plan.pay_after {
-            sleep_until(created + TimeDelta::from_std(after).unwrap_or_default()).await;
-            order.placed.paid =
-                retry_value(plan.due_at + TimeDelta::seconds(5), || store.pay(&plan.id))
-                    .await
-                    .unwrap_or(false);
-        } else if let Some(by) = plan.extend_by {
-            sleep_until(plan.due_at - TimeDelta::milliseconds(1500)).await;
-            let later = plan.due_at + TimeDelta::from_std(by).unwrap_or_default();
-            if extend(store, &plan.id, later).await {
-                order.extended_from = Some(plan.due_at);
+        if let Some(after) = pay_after {
+            sleep_until(order.created + TimeDelta::from_std(after).unwrap_or_default()).await;
+            let paying = retry(due_at + TimeDelta::seconds(5), || store.pay(&id));
+            order.placed.paid = paying.await.unwrap_or(false);
+        } else if let Some(by) = extend_by {
+            sleep_until(due_at - TimeDelta::milliseconds(1500)).await;
+            let later = due_at + TimeDelta::from_std(by).unwrap_or_default();
+            if extend(store, &id, later).await {
+                order.extended_from = Some(due_at);
                 order.placed.due_at = later;
-                order.placed.scheduled = self.schedule(&plan, later).await;
+                order.placed.scheduled = self.schedule(&order, later).await;
             }
         }
         self.ledger.lock().await.orders.push(order);
@@ -349,50 +355,46 @@ impl Traffic {
     async fn create_with_outbox_row(
         &self,
         store: &PgOrderStore,
-        plan: &Plan,
+        id: &str,
+        due_at: DateTime<Utc>,
         give_up: DateTime<Utc>,
     ) -> bool {
         retry(give_up, || async {
-            let mut client = store.client().await.map_err(|e| e.to_string())?;
-            let tx = client.transaction().await.map_err(|e| e.to_string())?;
-            tx.execute(
-                "INSERT INTO orders (id, pay_deadline) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING",
-                &[&plan.id, &plan.due_at],
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-            self.sql_scheduler
-                .schedule_in_tx(&tx, plan.id.as_str(), plan.due_at)
-                .await
-                .map_err(|e| e.to_string())?;
-            tx.commit().await.map_err(|e| e.to_string())
+            let mut client = store.client().await?;
+            let tx = client.transaction().await?;
+            let insert = "INSERT INTO orders (id, pay_deadline) VALUES ($1, $2) \
+                          ON CONFLICT (id) DO NOTHING";
+            tx.execute(insert, &[&id, &due_at]).await?;
+            self.sql_scheduler.schedule_in_tx(&tx, id, due_at).await?;
+            tx.commit().await?;
+            Ok::<_, anyhow::Error>(())
         })
         .await
+        .is_some()
     }
 
     /// `schedule`, retried every 200 ms until confirmed or a minute past
     /// `due_at`; each try of the sql world's into the old ladder while it
     /// is open.
-    async fn schedule(&self, plan: &Plan, due_at: DateTime<Utc>) -> bool {
+    async fn schedule(&self, order: &Order, due_at: DateTime<Utc>) -> bool {
         while Utc::now() < due_at + TimeDelta::seconds(60) {
-            let old = match plan.which {
+            let old = match order.which {
                 Which::Sql => self.world.old_ladder.enter(),
                 Which::Http => None,
             };
-            let scheduler = match (plan.which, &old) {
+            let scheduler = match (order.which, &old) {
                 (Which::Sql, Some(_)) => &self.old_ladder_scheduler,
                 (Which::Sql, None) => &self.sql_scheduler,
                 (Which::Http, _) => &self.http_scheduler,
             };
-            let scheduled = scheduler.schedule(plan.id.as_str(), due_at).await;
+            let started = std::time::Instant::now();
+            let scheduled = scheduler.schedule(order.id.as_str(), due_at).await;
             drop(old);
-            match scheduled {
-                Ok(_) => return true,
-                Err(_) => {
-                    self.ledger.lock().await.schedule_errors += 1;
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
+            self.ledger.lock().await.call(started, &scheduled);
+            if scheduled.is_ok() {
+                return true;
             }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
         false
     }
@@ -415,7 +417,7 @@ impl Traffic {
             for attempt in 0..30 {
                 match publish_confirmed(attempt % 3 + 1, &due_queue, body.as_bytes()).await {
                     Published::Confirmed => {
-                        self.ledger.lock().await.poison += 1;
+                        self.poison.lock().await.confirmed += 1;
                         break;
                     }
                     Published::Unsure => unsure += 1,
@@ -423,7 +425,7 @@ impl Traffic {
                 }
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
-            self.ledger.lock().await.poison_unsure += unsure;
+            self.poison.lock().await.unsure += unsure;
         }
     }
 }
@@ -446,16 +448,14 @@ fn payment(rng: &mut StdRng, delay_ms: i64) -> Option<Duration> {
 
 /// Moves the deadline of `id` to `later` if it is still unpaid.
 async fn extend(store: &PgOrderStore, id: &str, later: DateTime<Utc>) -> bool {
-    retry_value(later, || async {
-        let client = store.client().await.map_err(|e| e.to_string())?;
-        client
-            .execute(
-                "UPDATE orders SET pay_deadline = $2 WHERE id = $1 AND status = 'unpaid'",
-                &[&id, &later],
-            )
-            .await
-            .map(|n| n == 1)
-            .map_err(|e| e.to_string())
+    retry(later, || async {
+        let update = "UPDATE orders SET pay_deadline = $2 WHERE id = $1 AND status = 'unpaid'";
+        let updated = store
+            .client()
+            .await?
+            .execute(update, &[&id, &later])
+            .await?;
+        Ok::<_, anyhow::Error>(updated == 1)
     })
     .await
     .unwrap_or(false)
@@ -504,17 +504,9 @@ async fn publish_confirmed(n: usize, queue: &str, body: &[u8]) -> Published {
     }
 }
 
-/// Runs `op` every 200 ms until it succeeds (true) or `give_up` passes (false).
-async fn retry<F, Fut, T, E>(give_up: DateTime<Utc>, op: F) -> bool
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Result<T, E>>,
-{
-    retry_value(give_up, op).await.is_some()
-}
-
-/// [`retry`], with the value.
-async fn retry_value<F, Fut, T, E>(give_up: DateTime<Utc>, op: F) -> Option<T>
+/// Runs `op` every 200 ms until it succeeds (its value) or `give_up` passes
+/// (`None`).
+async fn retry<F, Fut, T, E>(give_up: DateTime<Utc>, op: F) -> Option<T>
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<T, E>>,
@@ -536,7 +528,7 @@ async fn sleep_until(at: DateTime<Utc>) {
     }
 }
 
-/// `at` to whole milliseconds, as the wire format carries it.
-fn whole_ms(at: DateTime<Utc>) -> DateTime<Utc> {
-    DateTime::from_timestamp_millis(at.timestamp_millis()).unwrap_or(at)
+/// `at` as the wire format carries it, in whole milliseconds.
+fn wire_ms(at: DateTime<Utc>) -> DateTime<Utc> {
+    order_expiry_testkit::message("o", at).due_at
 }

@@ -57,16 +57,20 @@ pub(super) enum Which {
     Http,
 }
 
-/// One `serve` the soak keeps running: its world, the node its URL list names
-/// first, the running process (none while a fault has killed it).
-#[derive(Debug)]
+/// The `serve` processes the soak keeps running: each one's name, its world
+/// and the node its URL list names first.
+pub(super) const SERVES: [(&str, Which, usize); 3] = [
+    ("serve-sql-1", Which::Sql, 1),
+    ("serve-sql-2", Which::Sql, 2),
+    ("serve-http-3", Which::Http, 3),
+];
+
+/// One of [`SERVES`]: the running process (none while a fault has killed
+/// it), how often it was started, where its `/metrics` and `/readyz` answer.
+#[derive(Debug, Default)]
 struct Slot {
-    name: String,
-    which: Which,
-    first: usize,
     child: Option<Child>,
     starts: u32,
-    /// Where the running `serve`'s `/metrics` and `/readyz` answer.
     port: u16,
 }
 
@@ -125,11 +129,6 @@ impl SoakWorld {
         ];
         let endpoint = Endpoint::order_service(std::sync::Arc::clone(&http.store)).await;
         std::fs::create_dir_all(&logs).context("the log directory")?;
-        let slots = vec![
-            slot("serve-sql-1", Which::Sql, 1),
-            slot("serve-sql-2", Which::Sql, 2),
-            slot("serve-http-3", Which::Http, 3),
-        ];
         let world = Self {
             sql,
             http,
@@ -140,10 +139,10 @@ impl SoakWorld {
             logs,
             nodes: Mutex::new(()),
             failed_over: AtomicBool::new(false),
-            slots: Mutex::new(slots),
+            slots: Mutex::new(SERVES.map(|_| Slot::default()).into()),
             _pair: pair,
         };
-        for i in 0..3 {
+        for i in 0..SERVES.len() {
             world.start_serve(i).await?;
         }
         Ok(world)
@@ -190,19 +189,15 @@ impl SoakWorld {
         settings
     }
 
-    /// How many `serve` slots there are.
-    pub(super) async fn serve_count(&self) -> usize {
-        self.slots.lock().await.len()
-    }
-
     /// Starts slot `i`'s `serve` (again); waits until `/readyz` says 200 or
     /// 30 s passed (a serve started during a fault may not be ready yet).
     pub(super) async fn start_serve(&self, i: usize) -> anyhow::Result<()> {
+        let (name, which, first) = SERVES[i];
         let mut slots = self.slots.lock().await;
         let slot = &mut slots[i];
         slot.starts += 1;
-        let log = self.logs.join(format!("{}-{}.log", slot.name, slot.starts));
-        let mut settings = self.settings(slot.which, slot.first);
+        let log = self.logs.join(format!("{name}-{}.log", slot.starts));
+        let mut settings = self.settings(which, first);
         let port = order_expiry_testkit::free_port();
         slot.port = port;
         settings.http.listen = format!("127.0.0.1:{port}");
@@ -211,7 +206,7 @@ impl SoakWorld {
             .env("ORDER_EXPIRY__AMQP__RECONNECT_MAX_MS", "1000")
             .env("ORDER_EXPIRY__LOG__FORMAT", "json")
             .env("ORDER_EXPIRY__LOG__FILTER", "info");
-        match slot.which {
+        match which {
             Which::Sql => {
                 settings.database.url = SecretString::from(self.database_url_via_proxies());
                 settings.sweeper.enabled = true;
@@ -242,7 +237,6 @@ impl SoakWorld {
         }
         let child = launch.spawn().context("starting order-expiry serve")?;
         slot.child = Some(child);
-        let name = slot.name.clone();
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         drop(slots);
         // Not ready within 30 s is no error (a fault may be on); exiting is.
@@ -268,16 +262,13 @@ impl SoakWorld {
         Ok(())
     }
 
-    /// kill -9 of slot `i`'s `serve`; its name.
-    pub(super) async fn kill_serve(&self, i: usize) -> String {
-        let mut slots = self.slots.lock().await;
-        let slot = &mut slots[i];
-        if let Some(child) = slot.child.take() {
+    /// kill -9 of slot `i`'s `serve`.
+    pub(super) async fn kill_serve(&self, i: usize) {
+        if let Some(child) = self.slots.lock().await[i].child.take() {
             child.signal("-KILL");
             // Dropping it reaps it.
             drop(child);
         }
-        slot.name.clone()
     }
 
     /// Whether slot `i`'s `serve` runs.
@@ -286,36 +277,30 @@ impl SoakWorld {
         slots[i].child.as_mut().is_some_and(Child::running)
     }
 
-    /// Which world slot `i` serves.
-    pub(super) async fn serve_world(&self, i: usize) -> Which {
-        self.slots.lock().await[i].which
-    }
-
     /// The running `serve` processes: slot name, pid, and where `/metrics`
     /// answers.
     pub(super) async fn running_serves(&self) -> Vec<(String, u32, SocketAddr)> {
         let mut slots = self.slots.lock().await;
-        slots
-            .iter_mut()
-            .filter_map(|s| {
-                let child = s.child.as_mut()?;
-                let pid = child.running().then(|| child.pid())?;
-                let addr = SocketAddr::from(([127, 0, 0, 1], s.port));
-                Some((s.name.clone(), pid, addr))
-            })
-            .collect()
+        let running = slots.iter_mut().zip(SERVES).filter_map(|(s, (name, ..))| {
+            let child = s.child.as_mut()?;
+            let pid = child.running().then(|| child.pid())?;
+            Some((
+                name.to_owned(),
+                pid,
+                SocketAddr::from(([127, 0, 0, 1], s.port)),
+            ))
+        });
+        running.collect()
     }
 
     /// Slots whose `serve` exited on its own (not killed by a fault): a finding.
     pub(super) async fn exited(&self) -> Vec<String> {
         let mut slots = self.slots.lock().await;
-        slots
-            .iter_mut()
-            .filter_map(|s| {
-                let exited = s.child.as_mut().is_some_and(|c| !c.running());
-                exited.then(|| s.name.clone())
-            })
-            .collect()
+        let exited = slots.iter_mut().zip(SERVES).filter_map(|(s, (name, ..))| {
+            let exited = s.child.as_mut().is_some_and(|c| !c.running());
+            exited.then(|| name.to_owned())
+        });
+        exited.collect()
     }
 
     /// `order-expiry ARGS` with `which`'s settings (node `first` first); its
@@ -353,11 +338,11 @@ impl SoakWorld {
     pub(super) async fn finish(self) -> Vec<String> {
         let mut problems = Vec::new();
         let slots = std::mem::take(&mut *self.slots.lock().await);
-        for slot in slots {
+        for (slot, (name, ..)) in slots.into_iter().zip(SERVES) {
             if let Some(child) = slot.child {
                 let log = child.log_path().to_owned();
                 if let Err(e) = stop_keeping_log(child).await {
-                    problems.push(format!("{}: {e} ({})", slot.name, log.display()));
+                    problems.push(format!("{name}: {e} ({})", log.display()));
                 }
             }
         }
@@ -465,17 +450,6 @@ async fn stop_keeping_log(mut child: Child) -> anyhow::Result<()> {
     }
 }
 
-fn slot(name: &str, which: Which, first: usize) -> Slot {
-    Slot {
-        name: name.to_owned(),
-        which,
-        first,
-        child: None,
-        starts: 0,
-        port: 0,
-    }
-}
-
 /// One world on the cluster, its topology declared through the URL list.
 async fn world(base: &Settings, kind: &str) -> anyhow::Result<World> {
     let mut settings = base.clone();
@@ -499,14 +473,8 @@ async fn world(base: &Settings, kind: &str) -> anyhow::Result<World> {
 
 /// The soak's vhost on the cluster, with guest's permissions.
 async fn ensure_vhost() -> anyhow::Result<()> {
-    let existing = cluster::ctl(1, &["list_vhosts"])
-        .await
-        .map_err(anyhow::Error::msg)?;
-    if !existing.lines().any(|l| l.trim() == VHOST) {
-        cluster::ctl(1, &["add_vhost", VHOST])
-            .await
-            .map_err(anyhow::Error::msg)?;
-    }
+    // Refused when it exists; setting the permissions fails when it does not.
+    let _ = cluster::ctl(1, &["add_vhost", VHOST]).await;
     cluster::ctl(
         1,
         &["set_permissions", "-p", VHOST, "guest", ".*", ".*", ".*"],
