@@ -224,25 +224,13 @@ pub struct Orders {
 impl Orders {
     /// Starts [`order_service`] on `store` and `scheduler` at `pace`.
     pub fn start(store: Arc<PgOrderStore>, scheduler: Scheduler, pace: Pace) -> Self {
-        Self::spawn(scheduler, move |scheduler, stop| {
-            order_service(store, scheduler, pace, stop)
-        })
-    }
-
-    /// Starts `service` (an order service) with `scheduler` and the token
-    /// that stops it.
-    pub fn spawn<F, S>(scheduler: Scheduler, service: S) -> Self
-    where
-        S: FnOnce(Arc<Scheduler>, CancellationToken) -> F,
-        F: Future<Output = Ledger> + Send + 'static,
-    {
         let scheduler = Arc::new(scheduler);
         let stop = CancellationToken::new();
-        let task = tokio::spawn(service(Arc::clone(&scheduler), stop.clone()));
+        let service = order_service(store, Arc::clone(&scheduler), pace, stop.clone());
         Self {
             scheduler,
             stop,
-            task,
+            task: tokio::spawn(service),
         }
     }
 

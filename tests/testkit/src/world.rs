@@ -406,11 +406,10 @@ impl World {
 
     /// (status, pay_deadline, cancelled_at) of one order.
     pub async fn order(&self, id: &str) -> (String, DateTime<Utc>, Option<DateTime<Utc>>) {
-        let row = self
-            .orders_where("id = $1", id)
-            .await
-            .remove(id)
-            .expect("the order exists");
+        let select = format!("{SELECT_ORDERS} WHERE id = $1");
+        let client = self.store.client().await.expect("database");
+        let row = client.query_one(&select, &[&id]).await;
+        let (_, row) = OrderRow::keyed(&row.expect("the order exists"));
         (row.status, row.pay_deadline, row.cancelled_at)
     }
 
@@ -453,23 +452,11 @@ impl World {
         services::connect_database(self.settings.database.url.expose_secret()).await
     }
 
-    async fn orders_where(&self, filter: &str, value: &str) -> HashMap<String, OrderRow> {
-        let select = format!("{SELECT_ORDERS} WHERE {filter}");
-        let client = self.store.client().await.expect("database");
-        let rows = client.query(&select, &[&value]).await.expect("orders");
-        rows.iter().map(OrderRow::keyed).collect()
-    }
-
     /// Publishes a raw body straight into the due exchange, bypassing the
     /// ladder, and waits for the broker's confirm.
     pub async fn publish_due(&self, body: &[u8], properties: BasicProperties) {
-        let channel = self.open_channel().await;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .expect("confirms");
-        self.publish_on(&channel, body, properties).await;
-        let _ = channel.close(200, "published".into()).await;
+        let exchange = self.ladder().due_exchange();
+        self.publish_all(&exchange, "raw", [body], properties).await;
     }
 
     /// Publishes `body` to `exchange` with `key` on a channel of its own and
@@ -481,40 +468,19 @@ impl World {
         body: &[u8],
         properties: BasicProperties,
     ) {
-        let channel = self.open_channel().await;
-        let confirms = channel.confirm_select(ConfirmSelectOptions::default());
-        confirms.await.expect("confirms");
-        let options = BasicPublishOptions {
-            mandatory: true,
-            ..Default::default()
-        };
-        let publishing =
-            channel.basic_publish(exchange.into(), key.into(), options, body, properties);
-        let confirm = publishing.await.expect("publish").await.expect("confirm");
-        assert_eq!(
-            confirm,
-            Confirmation::Ack(None),
-            "{exchange} took the message"
-        );
-        let _ = channel.close(200, "published".into()).await;
+        self.publish_all(exchange, key, [body], properties).await;
     }
 
     /// Publishes messages, persistent, straight into the due exchange and waits
     /// for every confirm.
     pub async fn publish_messages(&self, messages: &[ExpiryMessage]) {
-        let channel = self.open_channel().await;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .expect("confirms");
         let properties = BasicProperties::default()
             .with_content_type(ExpiryMessage::CONTENT_TYPE.into())
             .with_delivery_mode(2);
-        for message in messages {
-            self.publish_on(&channel, &message.encode(), properties.clone())
-                .await;
-        }
-        let _ = channel.close(200, "published".into()).await;
+        let bodies: Vec<Vec<u8>> = messages.iter().map(ExpiryMessage::encode).collect();
+        let exchange = self.ladder().due_exchange();
+        let bodies = bodies.iter().map(Vec::as_slice);
+        self.publish_all(&exchange, "raw", bodies, properties).await;
     }
 
     /// One message, as [`World::publish_messages`] does.
@@ -522,29 +488,38 @@ impl World {
         self.publish_messages(std::slice::from_ref(message)).await
     }
 
-    async fn publish_on(&self, channel: &Channel, body: &[u8], properties: BasicProperties) {
+    /// Publishes each body, mandatory, on a channel of its own with confirms,
+    /// and asserts the broker routed and confirmed every one.
+    async fn publish_all<'a>(
+        &self,
+        exchange: &str,
+        key: &str,
+        bodies: impl IntoIterator<Item = &'a [u8]>,
+        properties: BasicProperties,
+    ) {
+        let channel = self.open_channel().await;
+        let confirms = channel.confirm_select(ConfirmSelectOptions::default());
+        confirms.await.expect("confirms");
         let options = BasicPublishOptions {
             mandatory: true,
             ..Default::default()
         };
-        let exchange = self.ladder().due_exchange();
-        let confirm = channel
-            .basic_publish(
-                exchange.as_str().into(),
-                "raw".into(),
+        for body in bodies {
+            let publishing = channel.basic_publish(
+                exchange.into(),
+                key.into(),
                 options,
                 body,
-                properties,
-            )
-            .await
-            .expect("publish")
-            .await
-            .expect("confirm");
-        assert_eq!(
-            confirm,
-            Confirmation::Ack(None),
-            "the broker took the message"
-        );
+                properties.clone(),
+            );
+            let confirm = publishing.await.expect("publish").await.expect("confirm");
+            assert_eq!(
+                confirm,
+                Confirmation::Ack(None),
+                "{exchange} took the message"
+            );
+        }
+        let _ = channel.close(200, "published".into()).await;
     }
 
     /// Ready messages in the world's ladder: its due queue and every holding
