@@ -61,33 +61,17 @@ impl Samples {
     pub(super) fn growth(&self) -> Vec<String> {
         let mut found = Vec::new();
         for ((name, pid), series) in &self.series {
-            let Some(&(first, _)) = series.first() else {
-                continue;
-            };
-            let window = |from: i64, to: i64| -> Vec<u64> {
-                series
-                    .iter()
-                    .filter(|(at, _)| {
-                        *at >= first + TimeDelta::minutes(from)
-                            && *at < first + TimeDelta::minutes(to)
-                    })
-                    .map(|(_, rss)| *rss)
-                    .collect()
-            };
-            let Some(&(last_at, _)) = series.last() else {
+            let (Some(&(first, _)), Some(&(last_at, _))) = (series.first(), series.last()) else {
                 continue;
             };
             if last_at - first < TimeDelta::minutes(15) {
                 continue;
             }
-            let early = median(window(5, 10));
-            let late = median(
-                series
-                    .iter()
-                    .filter(|(at, _)| *at > last_at - TimeDelta::minutes(1))
-                    .map(|(_, rss)| *rss)
-                    .collect(),
-            );
+            let minute = TimeDelta::minutes(1);
+            let early = median(series, |at| {
+                at >= first + minute * 5 && at < first + minute * 10
+            });
+            let late = median(series, |at| at > last_at - minute);
             if late > early + early / 2 && late > early + 100 * MB {
                 found.push(format!(
                     "{name} (pid {pid}) grew from {} MB (minutes 5-10) to {} MB (last minute)",
@@ -122,7 +106,12 @@ impl Samples {
 
 const MB: u64 = 1 << 20;
 
-fn median(mut v: Vec<u64>) -> u64 {
+/// The median RSS of the samples of `series` taken when `keep` holds.
+fn median(series: &Series, keep: impl Fn(DateTime<Utc>) -> bool) -> u64 {
+    let mut v: Vec<u64> = series
+        .iter()
+        .filter_map(|&(at, rss)| keep(at).then_some(rss))
+        .collect();
     v.sort_unstable();
     v.get(v.len() / 2).copied().unwrap_or(0)
 }

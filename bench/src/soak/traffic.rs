@@ -133,16 +133,6 @@ impl Poison {
     }
 }
 
-/// What an order task is told to do.
-#[derive(Debug, Clone)]
-struct Plan {
-    order: Order,
-    /// Pay this long after creation.
-    pay_after: Option<Duration>,
-    /// Extend by this much 1.5 s before due.
-    extend_by: Option<Duration>,
-}
-
 /// The order services' shared parts.
 #[derive(Debug)]
 pub(super) struct Traffic {
@@ -245,15 +235,11 @@ impl Traffic {
                 (Which::Http, 1) => Gateway::PendingThenUnpaid,
                 _ => Gateway::Unpaid,
             };
-            let plan = Plan {
-                order,
-                pay_after,
-                // An extension schedules a message: an unscheduled order
-                // keeps none (seed 2's first 30-minute run extended 11, and
-                // the checker found them cancelled by the ladder).
-                extend_by: extend_by.filter(|_| route != Route::Unscheduled),
-            };
-            orders.spawn(Arc::clone(&self).order(plan));
+            // An extension schedules a message: an unscheduled order keeps
+            // none (seed 2's first 30-minute run extended 11, and the
+            // checker found them cancelled by the ladder).
+            let extend_by = extend_by.filter(|_| route != Route::Unscheduled);
+            orders.spawn(Arc::clone(&self).order(order, pay_after, extend_by));
         }
         while orders.join_next().await.is_some() {}
     }
@@ -289,25 +275,21 @@ impl Traffic {
                     burst: true,
                     ..Order::new(format!("b{b}-{i}"), Which::Sql, route, due_at)
                 };
-                let plan = Plan {
-                    order,
-                    pay_after,
-                    extend_by,
-                };
-                orders.spawn(Arc::clone(&self).order(plan));
+                orders.spawn(Arc::clone(&self).order(order, pay_after, extend_by));
             }
         }
         while orders.join_next().await.is_some() {}
     }
 
-    /// One order's life: created, scheduled, perhaps paid or extended; then
-    /// into the ledger.
-    async fn order(self: Arc<Self>, plan: Plan) {
-        let Plan {
-            mut order,
-            pay_after,
-            extend_by,
-        } = plan;
+    /// One order's life: created, scheduled, perhaps paid `pay_after` its
+    /// creation or extended by `extend_by` 1.5 s before due; then into the
+    /// ledger.
+    async fn order(
+        self: Arc<Self>,
+        mut order: Order,
+        pay_after: Option<Duration>,
+        extend_by: Option<Duration>,
+    ) {
         let world = &self.world;
         let store = match order.which {
             Which::Sql => &world.sql.store,
