@@ -58,29 +58,40 @@ async fn step_transitions(bundled: bool) {
     let env = World::new().await;
     let gateway = Endpoint::start().await;
     let pay = Reply::Payment;
-    gateway.script("payment", "c-paid", vec![pay("paid")]);
-    gateway.script("payment", "c-unpaid", vec![pay("unpaid")]);
-    gateway.script(
-        "payment",
-        "c-pending",
-        vec![pay("pending"), pay("pending"), pay("unpaid")],
+    // Each order: what the gateway answers, its outcomes (c-pending: 2
+    // requeues + cancelled; c-stuck: 2 requeues + parked; c-bad parked) and
+    // its status after. In the bundle, the gateway's 503 for c-503 came while
+    // the others had their answers: it left the bundle through the ladder at
+    // once (retried held, it would keep their ack).
+    let c_503: &[Outcome] = if bundled {
+        &[RetryRequeued, Cancelled]
+    } else {
+        &[Cancelled]
+    };
+    let (down, bad) = (
+        Reply::Status(503, "down".into()),
+        Reply::Status(200, "yes".into()),
     );
-    gateway.script("payment", "c-stuck", vec![pay("pending")]);
-    gateway.script(
-        "payment",
-        "c-503",
-        vec![Reply::Status(503, "down".into()), pay("unpaid")],
-    );
-    gateway.script("payment", "c-bad", vec![Reply::Status(200, "yes".into())]);
-    let ids = [
-        "c-paid",
-        "c-unpaid",
-        "c-pending",
-        "c-stuck",
-        "c-503",
-        "c-bad",
+    let (paid, unpaid, pending) = (pay("paid"), pay("unpaid"), pay("pending"));
+    let twice_requeued = |last| [CheckRequeued, CheckRequeued, last];
+    let cases: [(&str, Vec<Reply>, &[Outcome], &str); 6] = [
+        ("c-paid", vec![paid], &[PaidAtGateway], "unpaid"),
+        ("c-unpaid", vec![unpaid.clone()], &[Cancelled], "cancelled"),
+        (
+            "c-pending",
+            vec![pending.clone(), pending.clone(), unpaid.clone()],
+            &twice_requeued(Cancelled),
+            "cancelled",
+        ),
+        ("c-stuck", vec![pending], &twice_requeued(Parked), "unpaid"),
+        ("c-503", vec![down, unpaid], c_503, "cancelled"),
+        ("c-bad", vec![bad], &[Parked], "unpaid"),
     ];
     let due_at = at_ms(-5);
+    for (id, replies, _, _) in &cases {
+        gateway.script("payment", id, replies.clone());
+    }
+    let ids = cases.each_ref().map(|(id, ..)| *id);
     env.create_orders(&ids.map(|id| (id.to_owned(), due_at)))
         .await;
     let mut consumer = env.start_consumer_with(&with_check(&env, &gateway, FinalOutcome::Park));
@@ -90,37 +101,14 @@ async fn step_transitions(bundled: bool) {
         true => env.publish_due(&bundle(&messages), json()).await,
     }
 
-    // c-pending: 2 requeues + cancelled; c-stuck: 2 requeues + parked; the
-    // others one each (c-bad parked). In the bundle, the gateway's 503 for
-    // c-503 came while the others had their answers: it left the bundle
-    // through the ladder at once (retried held, it would keep their ack).
     let seen = outcomes(&mut consumer, if bundled { 11 } else { 10 }).await;
-    assert_eq!(of(&seen, "c-paid"), [PaidAtGateway]);
-    assert_eq!(of(&seen, "c-unpaid"), [Cancelled]);
-    match bundled {
-        false => assert_eq!(of(&seen, "c-503"), [Cancelled]),
-        true => assert_eq!(of(&seen, "c-503"), [RetryRequeued, Cancelled]),
-    }
-    assert_eq!(
-        of(&seen, "c-pending"),
-        [CheckRequeued, CheckRequeued, Cancelled]
-    );
-    assert_eq!(of(&seen, "c-stuck"), [CheckRequeued, CheckRequeued, Parked]);
-    assert_eq!(of(&seen, "c-bad"), [Parked]);
-    assert!(of(&seen, "").is_empty(), "every order is named: {seen:?}");
-
     // The database agrees: paid at the gateway is not cancelled, nor is the
     // stuck one; the others are.
-    for (id, status) in [
-        ("c-paid", "unpaid"),
-        ("c-stuck", "unpaid"),
-        ("c-bad", "unpaid"),
-        ("c-unpaid", "cancelled"),
-        ("c-pending", "cancelled"),
-        ("c-503", "cancelled"),
-    ] {
-        assert_eq!(env.order(id).await.0, status, "{id}");
+    for (id, _, expected, status) in &cases {
+        assert_eq!(of(&seen, id), *expected, "{id}");
+        assert_eq!(env.order(id).await.0, *status, "{id}");
     }
+    assert!(of(&seen, "").is_empty(), "every order is named: {seen:?}");
 
     // Each re-check came after its step, never earlier, and within a second.
     let mut figures = Vec::new();
@@ -158,14 +146,13 @@ async fn step_transitions(bundled: bool) {
     let mut reasons: Vec<String> = env.parked().await.into_iter().map(|p| p.reason).collect();
     reasons.sort();
     assert_eq!(reasons.len(), 2, "{reasons:?}");
-    assert!(
-        reasons[0].starts_with("payment check answered 200 without a status"),
-        "{reasons:?}"
-    );
-    assert!(
-        reasons[1].starts_with("payment still pending at the gateway after 3 checks"),
-        "{reasons:?}"
-    );
+    let starts = [
+        "payment check answered 200 without a status",
+        "payment still pending at the gateway after 3 checks",
+    ];
+    for (reason, start) in reasons.iter().zip(starts) {
+        assert!(reason.starts_with(start), "{reasons:?}");
+    }
 
     consumer.expect_quiet(Duration::from_secs(1)).await;
     consumer.stop().await;
