@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{SecondsFormat, TimeDelta, Utc};
-use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
 use order_expiry::{Settings, service::Outcome, settings::ActionKind};
 use order_expiry_testkit::{Endpoint, Reply, World, at_ms};
 use secrecy::SecretString;
@@ -169,15 +168,7 @@ async fn the_event_action_acks_only_after_a_routed_confirmed_event() {
     let env = World::new().await;
     let exchange = format!("{}.events", env.settings.topology.prefix);
     let queue = format!("{}.expired-events", env.settings.topology.prefix);
-    let channel = env.channel().await;
-    let durable = ExchangeDeclareOptions {
-        durable: true,
-        ..Default::default()
-    };
-    let topic = lapin::ExchangeKind::Topic;
-    let declared =
-        channel.exchange_declare(exchange.as_str().into(), topic, durable, Default::default());
-    declared.await.unwrap();
+    env.declare_exchange(&exchange).await;
     let mut settings = env.settings.clone();
     settings.action.kind = ActionKind::Amqp;
     settings.action.amqp.exchange = exchange.clone();
@@ -197,12 +188,7 @@ async fn the_event_action_acks_only_after_a_routed_confirmed_event() {
         .await;
 
     // A subscriber binds its queue: both go through, each acked after its event.
-    let durable = QueueDeclareOptions {
-        durable: true,
-        ..Default::default()
-    };
-    let declared = channel.queue_declare(queue.as_str().into(), durable, Default::default());
-    declared.await.unwrap();
+    env.declare_queue(&queue, Default::default()).await.unwrap();
     env.bind(&queue, &exchange, "order.expired").await;
     all_cancelled(&consumer.next_n(2, Duration::from_secs(15)).await);
     consumer.expect_quiet(Duration::from_secs(1)).await;
@@ -232,11 +218,7 @@ async fn the_event_action_acks_only_after_a_routed_confirmed_event() {
 
     consumer.stop().await;
     scheduler.close().await;
-    let _ = channel
-        .queue_delete(queue.as_str().into(), Default::default())
-        .await;
-    let _ = channel
-        .exchange_delete(exchange.as_str().into(), Default::default())
-        .await;
+    env.delete_queue(&queue).await;
+    env.delete_exchange(&exchange).await;
     env.cleanup().await;
 }

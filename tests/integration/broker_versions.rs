@@ -7,7 +7,6 @@
 use std::time::Duration;
 
 use lapin::BasicProperties;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldArray, FieldTable};
 use order_expiry_testkit::{World, broker_version, rabbitmqctl, table, vhost};
 use serde_json::Value;
@@ -36,28 +35,13 @@ async fn a_stale_x_death_is_a_cycle_on_3_10_and_replaced_on_4_x() {
     ]);
     let history = FieldArray::from(vec![AMQPValue::FieldTable(death)]);
     let stale = table([("x-death", AMQPValue::FieldArray(history))]);
-    let channel = env.open_channel().await;
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
     for (body, headers) in [("stale", stale), ("clean", FieldTable::default())] {
         let properties = BasicProperties::default()
             .with_delivery_mode(2)
             .with_headers(headers);
-        let confirm = channel
-            .basic_publish(
-                route.exchange.as_str().into(),
-                route.routing_key.as_str().into(),
-                BasicPublishOptions::default(),
-                body.as_bytes(),
-                properties,
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-        assert_eq!(confirm, lapin::Confirmation::Ack(None), "{body} routed");
+        let (exchange, key) = (&route.exchange, &route.routing_key);
+        env.publish_to(exchange, key, body.as_bytes(), properties)
+            .await;
     }
 
     // Both wait 3 s; the stale one gets 3 s more to show up on a busy machine.
@@ -141,19 +125,10 @@ async fn the_leader_locator_is_kept_and_a_changed_one_refused_on_both() {
     let version = broker_version().await;
     let prefix = format!("{}.", env.ladder().prefix());
     let node = rabbitmqctl(&["-q", "eval", "node()."]).trim().to_owned();
-    let listed: Value = serde_json::from_str(&rabbitmqctl(&[
-        "-q",
-        "list_queues",
-        "-p",
-        &vhost(),
-        "name",
-        "arguments",
-        "leader",
-        "members",
-        "--formatter",
-        "json",
-    ]))
-    .unwrap();
+    let vhost = vhost();
+    let list = format!("-q list_queues -p {vhost} name arguments leader members --formatter json");
+    let listed = rabbitmqctl(&list.split(' ').collect::<Vec<_>>());
+    let listed: Value = serde_json::from_str(&listed).unwrap();
     let ours: Vec<&Value> = listed
         .as_array()
         .unwrap()
@@ -194,29 +169,22 @@ async fn the_leader_locator_is_kept_and_a_changed_one_refused_on_both() {
         );
     }
 
-    let channel = env.open_channel().await;
     // As declared (4.3 compares `x-consumer-disconnected-timeout` too, and
     // may report it first), so that the leader locator is the one difference.
+    let (text, number) = (
+        |s: &str| AMQPValue::LongString(s.into()),
+        AMQPValue::LongLongInt,
+    );
     let arguments = table([
-        ("x-queue-type", AMQPValue::LongString("quorum".into())),
-        ("x-quorum-initial-group-size", AMQPValue::LongLongInt(3)),
-        (
-            "x-consumer-disconnected-timeout",
-            AMQPValue::LongLongInt(1000),
-        ),
-        (
-            "x-queue-leader-locator",
-            AMQPValue::LongString("client-local".into()),
-        ),
+        ("x-queue-type", text("quorum")),
+        ("x-quorum-initial-group-size", number(3)),
+        ("x-consumer-disconnected-timeout", number(1000)),
+        ("x-queue-leader-locator", text("client-local")),
     ]);
-    let durable = QueueDeclareOptions::durable();
-    let refused = channel
-        // The parked queue: the due queue carries the catch-up arguments too.
-        .queue_declare(
-            env.ladder().parked_queue().as_str().into(),
-            durable,
-            arguments,
-        )
+    // The parked queue: the due queue carries the catch-up arguments too.
+    let parked = env.ladder().parked_queue();
+    let refused = env
+        .declare_queue(&parked, arguments)
         .await
         .expect_err("another leader locator is refused");
     assert!(

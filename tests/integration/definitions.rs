@@ -15,7 +15,9 @@ use order_expiry::{
     Scheduler, Settings, service::Outcome, service::Readiness, service::Relay,
     topology::CONSUMER_USER, topology::PUBLISHER_USER, topology::definitions_json,
 };
-use order_expiry_testkit::{World, amqp_port, at_ms, eventually, rabbitmqctl, run_cli, succeeded};
+use order_expiry_testkit::{
+    World, amqp_port, at_ms, broker, eventually, rabbitmqctl, run_cli, succeeded,
+};
 use serde_json::Value;
 
 fn repo_definitions() -> Value {
@@ -71,6 +73,7 @@ struct Imported {
     vhost: String,
     publisher: String,
     consumer: String,
+    _definitions: broker::Imported,
 }
 
 impl Imported {
@@ -97,16 +100,12 @@ impl Imported {
             }
         }
         defs["vhosts"] = serde_json::json!([{ "name": vhost }]);
-        let file = std::env::temp_dir().join(format!("{vhost}.json"));
-        std::fs::write(&file, defs.to_string()).unwrap();
-        let imported = Self {
+        Self {
             vhost,
             publisher: rename(PUBLISHER_USER),
             consumer: rename(CONSUMER_USER),
-        };
-        rabbitmqctl(&["-q", "import_definitions", file.to_str().unwrap()]);
-        let _ = std::fs::remove_file(&file);
-        imported
+            _definitions: broker::Imported::new(&defs),
+        }
     }
 
     fn url(&self, user: &str, password: &str) -> String {
@@ -127,19 +126,6 @@ impl Imported {
             .find(|(name, _)| *name == queue)
             .and_then(|(_, n)| n.trim().parse().ok())
             .unwrap_or_else(|| panic!("queue {queue} not found in {out}"))
-    }
-}
-
-impl Drop for Imported {
-    fn drop(&mut self) {
-        for [what, name] in [
-            ["delete_vhost", self.vhost.as_str()],
-            ["delete_user", &self.publisher],
-            ["delete_user", &self.consumer],
-        ] {
-            let mut rabbitmqctl = std::process::Command::new("rabbitmqctl");
-            let _ = rabbitmqctl.args(["-q", what, name]).output();
-        }
     }
 }
 
@@ -316,13 +302,12 @@ async fn imported_users_have_least_privilege_and_suffice() {
 
     // serve's outbox relay, as the consumer user: a row due in 40 s enters the
     // ladder, one due already goes to the due exchange with the zero key.
-    let db = world.store.client().await.unwrap();
-    db.batch_execute(
-        "INSERT INTO order_expiry_outbox (order_id, due_at) VALUES \
-         ('lp-outbox-ladder', now() + interval '40 s'), ('lp-outbox-past', now() - interval '1 s')",
-    )
-    .await
-    .unwrap();
+    world
+        .execute(
+            "INSERT INTO order_expiry_outbox (order_id, due_at) VALUES \
+             ('lp-outbox-ladder', now() + interval '40 s'), ('lp-outbox-past', now() - interval '1 s')",
+        )
+        .await;
     let mut relay = Relay::new(&settings, Arc::new(Readiness::default())).unwrap();
     let round = relay.relay_once().await.unwrap();
     assert_eq!((round.published, round.failed), (2, 0), "{round:?}");

@@ -6,7 +6,8 @@
 
 use std::collections::HashMap;
 
-use order_expiry_testkit::{rabbitmqctl, succeeded};
+use order_expiry_testkit::broker::Imported;
+use order_expiry_testkit::succeeded;
 use serde_json::Value;
 
 use crate::docs::repo_file;
@@ -27,18 +28,6 @@ fn url_passwords(text: &str) -> HashMap<String, String> {
         .collect()
 }
 
-/// Imported users, deleted again on drop (also when the test fails).
-struct Users(Vec<String>);
-
-impl Drop for Users {
-    fn drop(&mut self) {
-        for user in &self.0 {
-            let mut rabbitmqctl = std::process::Command::new("rabbitmqctl");
-            let _ = rabbitmqctl.args(["-q", "delete_user", user]).output();
-        }
-    }
-}
-
 #[test]
 fn the_dev_users_file_holds_the_documented_passwords() {
     let mut passwords = url_passwords(&repo_file("docker-compose.yml"));
@@ -47,27 +36,19 @@ fn the_dev_users_file_holds_the_documented_passwords() {
         serde_json::from_str(&repo_file("deploy/rabbitmq/20-dev-users.json")).unwrap();
     let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
     let mut users = file["users"].as_array().unwrap().clone();
-    let mut imported = Users(Vec::new());
     for user in &mut users {
-        let name = format!("{}-{suffix}", user["name"].as_str().unwrap());
-        imported.0.push(name.clone());
-        user["name"] = name.into();
+        user["name"] = format!("{}-{suffix}", user["name"].as_str().unwrap()).into();
     }
-    let path = std::env::temp_dir().join(format!("order-expiry-users-{suffix}.json"));
-    std::fs::write(&path, serde_json::json!({ "users": users }).to_string()).unwrap();
-    rabbitmqctl(&["-q", "import_definitions", path.to_str().unwrap()]);
-    let _ = std::fs::remove_file(&path);
+    let _imported = Imported::new(&serde_json::json!({ "users": users }));
 
-    for name in &imported.0 {
+    for name in users.iter().filter_map(|u| u["name"].as_str()) {
         let documented = name.strip_suffix(&format!("-{suffix}")).unwrap();
         let password = passwords.get(documented).unwrap_or_else(|| {
             panic!("no URL in docker-compose.yml or docs/src/operating/deploy.md uses {documented}")
         });
-        let mut authenticate = std::process::Command::new("rabbitmqctl");
-        let out = authenticate
-            .args(["-q", "authenticate_user", name, password])
-            .output();
         let refused = format!("{documented}: the broker refuses the documented password");
-        succeeded(refused, &out.expect("rabbitmqctl runs"));
+        let mut authenticate = std::process::Command::new("rabbitmqctl");
+        let out = authenticate.args(["-q", "authenticate_user", name, password]);
+        succeeded(refused, &out.output().expect("rabbitmqctl runs"));
     }
 }

@@ -7,7 +7,6 @@
 
 use std::time::Duration;
 
-use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use order_expiry::{Scheduler, service::Outcome};
 use order_expiry_testkit::{World, amqp_url, at_ms, free_port, run_cli, table};
@@ -90,12 +89,7 @@ async fn apply_keeps_a_queue_declared_without_placement_and_says_so() {
     let env = World::builder().kind("placement").declare(false).build();
     let env = env.await.unwrap();
     let due = env.ladder().due_queue();
-    let channel = env.channel().await;
-    let durable = QueueDeclareOptions::durable();
-    channel
-        .queue_declare(due.as_str().into(), durable, quorum())
-        .await
-        .unwrap();
+    env.declare_queue(&due, quorum()).await.unwrap();
     let apply = async || env.cli(&["topology", "apply"], &[]).await;
     let out = apply().await;
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -124,11 +118,7 @@ async fn apply_keeps_a_queue_declared_without_placement_and_says_so() {
     env.delete_queue(&level).await;
     let mut wrong = quorum();
     wrong.insert("x-message-ttl".into(), AMQPValue::LongLongInt(1234));
-    env.channel()
-        .await
-        .queue_declare(level.as_str().into(), durable, wrong)
-        .await
-        .unwrap();
+    env.declare_queue(&level, wrong).await.unwrap();
     let out = apply().await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");

@@ -18,9 +18,7 @@
 //! limit on the due and parked queues, and on 4.3 it is still needed (a
 //! parked message without it is gone after 20 looks).
 
-use lapin::options::{
-    BasicGetOptions, BasicNackOptions, BasicPublishOptions, BasicRejectOptions, QueueDeclareOptions,
-};
+use lapin::options::{BasicGetOptions, BasicNackOptions, BasicRejectOptions};
 use lapin::types::AMQPValue;
 use lapin::{BasicProperties, Channel};
 use order_expiry::topology::definitions_json;
@@ -33,30 +31,17 @@ const RETURNS: usize = 25;
 async fn a_parked_message_survives_25_returns_under_the_exported_policy() {
     let env = World::new().await;
     let ladder = env.ladder();
-    let exported: Value = serde_json::from_str(&definitions_json(
-        &ladder,
-        &env.settings.topology,
-        &vhost(),
-        None,
-    ))
-    .unwrap();
+    let exported = definitions_json(&ladder, &env.settings.topology, &vhost(), None);
+    let exported: Value = serde_json::from_str(&exported).unwrap();
     let policy = &exported["policies"][0];
-    let name = policy["name"].as_str().unwrap();
-    rabbitmqctl(&[
-        "-q",
-        "set_policy",
-        "-p",
-        &vhost(),
-        "--apply-to",
-        policy["apply-to"].as_str().unwrap(),
-        name,
-        policy["pattern"].as_str().unwrap(),
-        &policy["definition"].to_string(),
-    ]);
+    let [name, apply_to, pattern] =
+        ["name", "apply-to", "pattern"].map(|k| policy[k].as_str().unwrap());
+    let (vhost, definition) = (vhost(), policy["definition"].to_string());
+    let set = ["-q", "set_policy", "-p", &vhost, "--apply-to", apply_to];
+    rabbitmqctl(&[&set[..], &[name, pattern, &definition]].concat());
 
-    let channel = env.channel().await;
-    let queue = ladder.parked_queue();
-    publish(&channel, &queue, b"{parked}").await;
+    let (channel, queue) = (env.channel().await, ladder.parked_queue());
+    env.publish_to("", &queue, b"{parked}", persistent()).await;
     for look in 1..=RETURNS {
         let got = get(&channel, &queue).await;
         let got =
@@ -64,7 +49,7 @@ async fn a_parked_message_survives_25_returns_under_the_exported_policy() {
         let requeue = BasicRejectOptions { requeue: true };
         assert!(got.delivery.reject(requeue).await.unwrap(), "rejected");
     }
-    let _ = rabbitmqctl(&["-q", "clear_policy", "-p", &vhost(), name]);
+    let _ = rabbitmqctl(&["-q", "clear_policy", "-p", &vhost, name]);
     env.cleanup().await;
 }
 
@@ -77,8 +62,7 @@ async fn without_the_policy_4_x_drops_a_parked_message_after_20_closed_channels(
     let env = World::new().await;
     let version = broker_version().await;
     let queue = env.ladder().parked_queue();
-    let channel = env.channel().await;
-    publish(&channel, &queue, b"{parked}").await;
+    env.publish_to("", &queue, b"{parked}", persistent()).await;
     let mut deliveries = 0;
     while deliveries < RETURNS {
         let look = env.open_channel().await;
@@ -117,19 +101,14 @@ async fn what_counts_towards_the_delivery_limit_on_each_broker() {
     let version = broker_version().await;
     let on_4_0 = version.at_least(4, 0);
     let on_4_3 = version.at_least(4, 3);
-    let channel = env.channel().await;
     for how in [Return::Nack, Return::Reject, Return::CloseChannel] {
         let queue = format!("{}.limit-{how:?}", env.ladder().prefix());
         let arguments = table([
             ("x-queue-type", AMQPValue::LongString("quorum".into())),
             ("x-delivery-limit", AMQPValue::LongLongInt(2)),
         ]);
-        let durable = QueueDeclareOptions::durable();
-        channel
-            .queue_declare(queue.as_str().into(), durable, arguments)
-            .await
-            .unwrap();
-        publish(&channel, &queue, b"limited").await;
+        env.declare_queue(&queue, arguments).await.unwrap();
+        env.publish_to("", &queue, b"limited", persistent()).await;
         let mut headers = Vec::new();
         while headers.len() < 6 {
             let looking = env.open_channel().await;
@@ -174,19 +153,8 @@ async fn what_counts_towards_the_delivery_limit_on_each_broker() {
     env.cleanup().await;
 }
 
-async fn publish(channel: &Channel, queue: &str, body: &[u8]) {
-    channel
-        .basic_publish(
-            "".into(),
-            queue.into(),
-            BasicPublishOptions::default(),
-            body,
-            BasicProperties::default().with_delivery_mode(2),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+fn persistent() -> BasicProperties {
+    BasicProperties::default().with_delivery_mode(2)
 }
 
 /// One message from `queue`, unacked; waits up to 1 s for a returned one to

@@ -3,9 +3,6 @@
 
 use std::time::Duration;
 
-use lapin::ExchangeKind;
-use lapin::options::ExchangeDeclareOptions;
-use lapin::types::FieldTable;
 use order_expiry::{ScheduleError, Scheduler, topology::Ladder};
 use order_expiry_testkit::{World, amqp_url, at_ms};
 use secrecy::SecretString;
@@ -23,16 +20,7 @@ async fn schedule_to_an_exchange_that_does_not_route_is_an_error() {
     let prefix = format!("{}-unbound", env.settings.topology.prefix);
     let ladder = Ladder::new(&prefix, 3).unwrap();
     // The due exchange exists but nothing is bound to it.
-    env.channel()
-        .await
-        .exchange_declare(
-            ladder.due_exchange().as_str().into(),
-            ExchangeKind::Topic,
-            ExchangeDeclareOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    env.declare_exchange(&ladder.due_exchange()).await;
     let scheduler = scheduler_for(&prefix, 3);
     match scheduler.schedule("o-1", at_ms(-1)).await {
         Err(ScheduleError::Unroutable { reply_code, .. }) => assert_eq!(reply_code, 312),
@@ -46,11 +34,7 @@ async fn schedule_to_an_exchange_that_does_not_route_is_an_error() {
         }
         other => panic!("expected TopologyMissing, got {other:?}"),
     }
-    let _ = env
-        .channel()
-        .await
-        .exchange_delete(ladder.due_exchange().as_str().into(), Default::default())
-        .await;
+    env.delete_exchange(&ladder.due_exchange()).await;
     let working = env.scheduler();
     working.schedule("o-3", at_ms(1_000)).await.unwrap();
     scheduler.close().await;

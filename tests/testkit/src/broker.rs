@@ -5,6 +5,8 @@
 //! lapin does not keep the server's properties, so this opens a TCP connection
 //! of its own, sends the AMQP 0-9-1 protocol header, parses the first frame
 //! with lapin's own parser and closes without logging in.
+//!
+//! [`Imported`]: definitions imported into that broker for one test.
 
 use std::time::Duration;
 
@@ -13,7 +15,7 @@ use lapin::types::AMQPValue;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::services::amqp_port;
+use crate::services::{amqp_port, rabbitmqctl, rabbitmqctl_command};
 
 /// A RabbitMQ version, `major.minor.patch`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -91,6 +93,46 @@ pub async fn announced_version(port: u16) -> BrokerVersion {
         other => panic!("server-properties version: {other:?}"),
     };
     BrokerVersion::parse(&version).unwrap_or_else(|| panic!("a version like 4.3.6: {version:?}"))
+}
+
+/// Definitions (users, vhosts, permissions...) imported into the test
+/// broker with `rabbitmqctl import_definitions`; their users and vhosts are
+/// deleted again on drop, also when the test fails.
+#[derive(Debug)]
+pub struct Imported {
+    users: Vec<String>,
+    vhosts: Vec<String>,
+}
+
+impl Imported {
+    /// Imports `definitions`, the JSON of a definitions file.
+    pub fn new(definitions: &serde_json::Value) -> Self {
+        let names = |section: &str| {
+            let objects = definitions[section].as_array().into_iter().flatten();
+            let names = objects.filter_map(|o| o["name"].as_str().map(str::to_owned));
+            names.collect()
+        };
+        let imported = Self {
+            users: names("users"),
+            vhosts: names("vhosts"),
+        };
+        let id = uuid::Uuid::new_v4().simple();
+        let file = std::env::temp_dir().join(format!("order-expiry-definitions-{id}.json"));
+        std::fs::write(&file, definitions.to_string()).expect("a temporary file");
+        rabbitmqctl(&["-q", "import_definitions", &file.to_string_lossy()]);
+        let _ = std::fs::remove_file(&file);
+        imported
+    }
+}
+
+impl Drop for Imported {
+    fn drop(&mut self) {
+        let vhosts = self.vhosts.iter().map(|vhost| ("delete_vhost", vhost));
+        let users = self.users.iter().map(|user| ("delete_user", user));
+        for (what, name) in vhosts.chain(users) {
+            let _ = rabbitmqctl_command().args(["-q", what, name]).output();
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,13 +1,14 @@
 //! The steps integration tests repeat, written once: orders made and
 //! scheduled ([`World::place`]), waiting until they are cancelled
 //! ([`World::wait_cancelled`]), `serve` started and ready, the parked queue
-//! read ([`World::parked`]).
+//! read ([`World::parked`]), exchanges and queues declared beside the
+//! world's topology.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use lapin::options::ExchangeDeclareOptions;
+use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, ExchangeKind};
 use order_expiry::Scheduler;
@@ -196,6 +197,36 @@ impl World {
         let deleting = self.channel().await;
         let deleting = deleting.queue_delete(queue.into(), Default::default());
         deleting.await.expect("the queue deleted");
+    }
+
+    /// Declares the durable topic exchange `name`.
+    pub async fn declare_exchange(&self, name: &str) {
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        let channel = self.channel().await;
+        let kind = ExchangeKind::Topic;
+        let declaring = channel.exchange_declare(name.into(), kind, durable, FieldTable::default());
+        declaring.await.expect("an exchange");
+    }
+
+    /// Deletes `exchange`, best effort.
+    pub async fn delete_exchange(&self, exchange: &str) {
+        let channel = self.channel().await;
+        let _ = channel
+            .exchange_delete(exchange.into(), Default::default())
+            .await;
+    }
+
+    /// Declares the durable queue `name` with `arguments`: the broker's
+    /// answer (on a channel of its own, which the broker closes on an error).
+    pub async fn declare_queue(&self, name: &str, arguments: FieldTable) -> lapin::Result<()> {
+        let channel = self.open_channel().await;
+        let durable = QueueDeclareOptions::durable();
+        let declared = channel.queue_declare(name.into(), durable, arguments).await;
+        let _ = channel.close(200, "declared".into()).await;
+        declared.map(drop)
     }
 
     /// Whether `exchange` exists (asked on a channel of its own, which the

@@ -13,12 +13,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
+use lapin::Connection;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
-    ExchangeDeclareOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Connection, ExchangeKind};
 use order_expiry::service::PgOrderStore;
 use secrecy::ExposeSecret;
 use tokio::task::JoinHandle;
@@ -59,33 +58,10 @@ impl Subscriber {
         let prefix = &world.settings.topology.prefix;
         let exchange = format!("{prefix}.events");
         let queue = format!("{prefix}.expired-events");
-        let channel = world.channel().await;
-        let durable = ExchangeDeclareOptions {
-            durable: true,
-            ..Default::default()
-        };
-        channel
-            .exchange_declare(
-                exchange.as_str().into(),
-                ExchangeKind::Topic,
-                durable,
-                FieldTable::default(),
-            )
-            .await
-            .expect("the events exchange");
-        let mut quorum = FieldTable::default();
-        quorum.insert(
-            "x-queue-type".into(),
-            AMQPValue::LongString("quorum".into()),
-        );
-        let durable = QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        };
-        channel
-            .queue_declare(queue.as_str().into(), durable, quorum)
-            .await
-            .expect("the subscriber's queue");
+        world.declare_exchange(&exchange).await;
+        let quorum = crate::table([("x-queue-type", AMQPValue::LongString("quorum".into()))]);
+        let declared = world.declare_queue(&queue, quorum).await;
+        declared.expect("the subscriber's queue");
         world.bind(&queue, &exchange, "order.expired").await;
         let url = world.settings.amqp.url.expose_secret().to_owned();
         let stop = CancellationToken::new();
@@ -111,9 +87,7 @@ impl Subscriber {
         let _ = channel
             .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
             .await;
-        let _ = channel
-            .exchange_delete(self.exchange.as_str().into(), Default::default())
-            .await;
+        world.delete_exchange(&self.exchange).await;
         received
     }
 }
