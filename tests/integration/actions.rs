@@ -136,12 +136,6 @@ fn percent_encode(id: &str) -> String {
     id.bytes().map(encode).collect()
 }
 
-/// Asserts every one of `handled` was cancelled.
-fn all_cancelled(handled: &[order_expiry::service::Handled]) {
-    let cancelled = |h: &order_expiry::service::Handled| h.outcome == Outcome::Cancelled;
-    assert!(handled.iter().all(cancelled), "{handled:?}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_order_service_pauses_the_batch_and_loses_nothing() {
     let env = World::new().await;
@@ -156,7 +150,8 @@ async fn an_unreachable_order_service_pauses_the_batch_and_loses_nothing() {
     consumer.expect_quiet(Duration::from_secs(2)).await;
     // The order service comes up on that port: everything goes through.
     let endpoint = Endpoint::start_on(port).await;
-    all_cancelled(&consumer.next_n(3, Duration::from_secs(15)).await);
+    let fifteen_s = Duration::from_secs(15);
+    consumer.next_all(3, fifteen_s, Outcome::Cancelled).await;
     assert_eq!(endpoint.requests().len(), 3);
     consumer.stop().await;
     scheduler.close().await;
@@ -190,7 +185,8 @@ async fn the_event_action_acks_only_after_a_routed_confirmed_event() {
     // A subscriber binds its queue: both go through, each acked after its event.
     env.declare_queue(&queue, Default::default()).await.unwrap();
     env.bind(&queue, &exchange, "order.expired").await;
-    all_cancelled(&consumer.next_n(2, Duration::from_secs(15)).await);
+    let fifteen_s = Duration::from_secs(15);
+    consumer.next_all(2, fifteen_s, Outcome::Cancelled).await;
     consumer.expect_quiet(Duration::from_secs(1)).await;
 
     // Exactly one event per order, as documented.

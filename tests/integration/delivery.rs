@@ -8,6 +8,8 @@ use order_expiry::service::Outcome;
 use order_expiry_testkit::{Endpoint, World, assert_on_time, at_ms, eventually, orders};
 use rand::seq::SliceRandom;
 
+const TEN_S: Duration = Duration::from_secs(10);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_delays_published_long_first_are_cancelled_on_time() {
     let env = World::new().await;
@@ -20,8 +22,8 @@ async fn mixed_delays_published_long_first_are_cancelled_on_time() {
     let orders = orders("mixed", delays.len(), |i| at_ms(delays[i]));
     env.place(&orders).await;
 
-    let handled = consumer.next_n(orders.len(), Duration::from_secs(25)).await;
-    assert!(handled.iter().all(|h| h.outcome == Outcome::Cancelled));
+    let (n, timeout) = (orders.len(), Duration::from_secs(25));
+    consumer.next_all(n, timeout, Outcome::Cancelled).await;
     let rows = env.orders().await.expect("orders");
     let lateness = assert_on_time(&orders, &rows, Duration::from_secs(1));
     eprintln!("lateness over {} orders: {lateness}", orders.len());
@@ -36,8 +38,7 @@ async fn a_message_arriving_early_is_held_until_due_at() {
     let mut consumer = env.start_consumer();
     // Straight into the due queue, 1.5 s before it is due.
     env.publish_message(&early).await;
-    let handled = consumer.next_n(1, Duration::from_secs(10)).await;
-    assert_eq!(handled[0].outcome, Outcome::Cancelled);
+    consumer.next_all(1, TEN_S, Outcome::Cancelled).await;
     env.assert_cancelled_in_time("early-1").await;
     consumer.stop().await;
     env.cleanup().await;
@@ -55,8 +56,7 @@ async fn a_held_message_survives_the_consumer_stopping() {
     let (status, _, _) = env.order("held-1").await;
     assert_eq!(status, "unpaid", "not cancelled before due_at");
     let mut second = env.start_consumer();
-    let handled = second.next_n(1, Duration::from_secs(10)).await;
-    assert_eq!(handled[0].outcome, Outcome::Cancelled);
+    second.next_all(1, TEN_S, Outcome::Cancelled).await;
     env.assert_cancelled_in_time("held-1").await;
     second.stop().await;
     env.cleanup().await;
@@ -89,8 +89,7 @@ async fn killing_the_consumer_while_it_holds_a_message_loses_nothing() {
     );
 
     let mut consumer = env.start_consumer();
-    let handled = consumer.next_n(1, Duration::from_secs(10)).await;
-    assert_eq!(handled[0].outcome, Outcome::Cancelled);
+    consumer.next_all(1, TEN_S, Outcome::Cancelled).await;
     env.assert_cancelled_in_time("kill-1").await;
     consumer.stop().await;
     env.cleanup().await;

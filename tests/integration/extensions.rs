@@ -22,6 +22,7 @@ async fn an_extended_deadline_outlives_its_old_message() {
     let env = World::new().await;
     let scheduler = env.scheduler();
     let mut consumer = env.start_consumer();
+    let ten_s = Duration::from_secs(10);
     // Two orders due in 2 s; both extended by 2 s right away and scheduled
     // again: one through the library, one through the CLI.
     // Whole milliseconds, as the wire carries them: the CLI is given the new
@@ -41,11 +42,7 @@ async fn an_extended_deadline_outlives_its_old_message() {
         .await;
 
     // The old messages: stale, acked, nothing changes.
-    let handled = consumer.next_n(2, Duration::from_secs(10)).await;
-    assert!(
-        handled.iter().all(|h| h.outcome == Outcome::Extended),
-        "{handled:?}"
-    );
+    consumer.next_all(2, ten_s, Outcome::Extended).await;
     // Unpaid, unless the new deadline has passed meanwhile (set-up on a
     // loaded machine can take longer than the 2 s extension) and the new
     // message cancelled it: then not before the new deadline.
@@ -61,11 +58,7 @@ async fn an_extended_deadline_outlives_its_old_message() {
     }
 
     // The new ones cancel on time, never early.
-    let handled = consumer.next_n(2, Duration::from_secs(10)).await;
-    assert!(
-        handled.iter().all(|h| h.outcome == Outcome::Cancelled),
-        "{handled:?}"
-    );
+    consumer.next_all(2, ten_s, Outcome::Cancelled).await;
     for id in ids {
         let (status, pay_deadline, cancelled_at) = env.order(id).await;
         assert_eq!(status, "cancelled", "{id}");

@@ -6,6 +6,8 @@ use std::time::Duration;
 use order_expiry::{service::Disposition, service::OrderStore, service::Outcome};
 use order_expiry_testkit::{World, at_ms, count, message, orders};
 
+const TEN_S: Duration = Duration::from_secs(10);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paid_orders_stay_paid_and_cancelled_ones_stay_cancelled() {
     let env = World::new().await;
@@ -52,12 +54,10 @@ async fn the_same_message_twice_changes_nothing_the_second_time() {
     let dup_2 = env.create_order("dup-2", -10).await;
     let mut consumer = env.start_consumer();
     env.publish_message(&dup_2).await;
-    let handled = consumer.next_n(1, Duration::from_secs(10)).await;
-    assert_eq!(handled[0].outcome, Outcome::Cancelled);
+    consumer.next_all(1, TEN_S, Outcome::Cancelled).await;
     let cancelled_at = env.order("dup-2").await.2;
     env.publish_messages(&[dup_2.clone(), dup_2]).await;
-    let handled = consumer.next_n(2, Duration::from_secs(10)).await;
-    assert!(handled.iter().all(|h| h.outcome == Outcome::NotUnpaid));
+    consumer.next_all(2, TEN_S, Outcome::NotUnpaid).await;
     assert_eq!(env.order("dup-2").await.2, cancelled_at);
     consumer.stop().await;
     env.cleanup().await;
@@ -72,8 +72,7 @@ async fn an_unknown_order_is_acked_and_counted_not_retried() {
     let mut consumer = env.start_consumer_with(&settings);
     env.publish_message(&message("no-such-order", at_ms(-5)))
         .await;
-    let handled = consumer.next_n(1, Duration::from_secs(10)).await;
-    assert_eq!(handled[0].outcome, Outcome::Unknown);
+    consumer.next_all(1, TEN_S, Outcome::Unknown).await;
     consumer.expect_quiet(Duration::from_secs(2)).await;
     consumer.stop().await;
     // Acked: nothing came back to the queue.

@@ -70,6 +70,19 @@ impl RunningConsumer {
         got
     }
 
+    /// [`RunningConsumer::next_n`], asserting that each ended in `outcome`.
+    pub async fn next_all(
+        &mut self,
+        n: usize,
+        timeout: Duration,
+        outcome: Outcome,
+    ) -> Vec<Handled> {
+        let handled = self.next_n(n, timeout).await;
+        let all = handled.iter().all(|h| h.outcome == outcome);
+        assert!(all, "not all {outcome:?}: {handled:?}");
+        handled
+    }
+
     /// Collects handled deliveries until `done` says what came is enough,
     /// failing the test after `timeout`.
     pub async fn next_until(
