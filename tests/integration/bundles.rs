@@ -37,16 +37,10 @@ async fn each_order_of_a_bundle_is_settled_on_its_own_beside_v1_messages() {
 
     // The extended order's message carries its old deadline; b-unknown has
     // no row.
-    let messages = [
-        "b-unpaid-0",
-        "b-paid",
-        "b-extended",
-        "b-unknown",
-        "b-locked",
-        "b-held",
-        "b-unpaid-1",
-    ]
-    .map(|id| message(id, if id == "b-held" { held_due } else { due }));
+    let ids = "b-unpaid-0 b-paid b-extended b-unknown b-locked b-held b-unpaid-1".split(' ');
+    let messages: Vec<_> = ids
+        .map(|id| message(id, if id == "b-held" { held_due } else { due }))
+        .collect();
     let mut body: serde_json::Value = serde_json::from_slice(&bundle(&messages)).unwrap();
     let orders = body["orders"].as_array_mut().unwrap();
     // An entry that breaks the v1 rules, at index 4: parked alone.

@@ -76,37 +76,19 @@ async fn schedule_one_order_with_a_delay() {
 /// test in `src/settings/validate.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_refuses_impossible_settings_with_one_line_naming_the_key() {
-    let cases = [
-        (
-            "CONSUMER__PREFETCH",
-            "0",
-            "invalid setting consumer.prefetch: 0 means unlimited",
-        ),
-        ("CONSUMER__PREFETCH", "-1", "for key `consumer.prefetch`"),
-        (
-            "PUBLISHER__LEAD_MS",
-            "30000",
-            "invalid setting consumer.max_hold_ms",
-        ),
-        (
-            "CONSUMER__BATCH_MAX",
-            "0",
-            "invalid setting consumer.batch_max",
-        ),
-        (
-            "DATABASE__STATEMENT_TIMEOUT_MS",
-            "9000",
-            "invalid setting database.query_timeout_ms",
-        ),
-        (
-            "SWEEPER__INTERVAL_MS",
-            "0",
-            "invalid setting sweeper.interval_ms",
-        ),
-    ];
+    // `SECTION__KEY=value: what the line says`, one case a line.
+    let cases = "\
+        CONSUMER__PREFETCH=0: invalid setting consumer.prefetch: 0 means unlimited
+        CONSUMER__PREFETCH=-1: for key `consumer.prefetch`
+        PUBLISHER__LEAD_MS=30000: invalid setting consumer.max_hold_ms
+        CONSUMER__BATCH_MAX=0: invalid setting consumer.batch_max
+        DATABASE__STATEMENT_TIMEOUT_MS=9000: invalid setting database.query_timeout_ms
+        SWEEPER__INTERVAL_MS=0: invalid setting sweeper.interval_ms";
     let mut settings = Settings::default();
     settings.http.listen = "127.0.0.1:0".into();
-    for (key, value, expected) in cases {
+    for case in cases.lines().map(str::trim) {
+        let (setting, expected) = case.split_once(": ").expect("KEY=value: expected");
+        let (key, value) = setting.split_once('=').expect("KEY=value");
         let key = format!("ORDER_EXPIRY__{key}");
         let extra = [(key.as_str(), value), ("RUST_BACKTRACE", "1")];
         let stderr = refused(&run_cli(&settings, &["serve"], &extra).await);
