@@ -30,7 +30,6 @@ mod ops;
 mod outbox;
 mod outbox_clients;
 mod payments;
-mod poison;
 mod poison_corpus;
 mod readme;
 mod redelivery;

@@ -1,6 +1,7 @@
 //! The poison corpus: one table of bad messages, each parked exactly once
 //! with a precise reason and its body intact, none retried, and the good
-//! messages between them cancelled as usual.
+//! messages between them (with and without a content type) cancelled as
+//! usual.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -17,6 +18,7 @@ const JSON: &str = "application/json";
 const BAD_JSON: &str = r#"
 empty body |  | empty body
 invalid JSON | {"v":1,"order_id": | body is not valid JSON: …
+not JSON at all | {this is not json | body is not valid JSON: …
 array | [1,2,3] | body is JSON but not an object
 null | null | body is JSON but not an object
 v is a string | {"v":"1","order_id":"a","due_at":"DUE"} | field "v" must be an integer
@@ -27,6 +29,7 @@ missing order_id | {"v":1,"due_at":"DUE"} | missing field "order_id"
 null order_id | {"v":1,"order_id":null,"due_at":"DUE"} | missing field "order_id"
 missing due_at | {"v":1,"order_id":"a"} | missing field "due_at"
 unknown version 3 | {"v":3,"order_id":"a","due_at":"DUE"} | unknown version 3
+unknown version 9 | {"v":9,"order_id":"a","due_at":"DUE"} | unknown version 9
 v2 without its orders list | {"v":2,"order_id":"a","due_at":"DUE"} | missing field "orders"
 v2 with an empty orders list | {"v":2,"orders":[]} | a v2 bundle with no orders
 version 1.5 | {"v":1.5,"order_id":"a","due_at":"DUE"} | unknown version 1.5
@@ -109,6 +112,11 @@ fn corpus() -> Vec<Case> {
         ),
         Case::json(future_name, future, "arrived 3…"),
         Case::json("body over 16 KiB", big, "body of 16…"),
+        Case::json(
+            "bytes, not UTF-8",
+            *b"\xc3\x28\xa0\xa1",
+            "body is not valid UTF-8 (at byte 0)",
+        ),
         Case::json(
             "invalid UTF-8",
             utf8,
