@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use chrono::{TimeDelta, Utc};
 use order_expiry::{Settings, service::Outcome, settings::FinalOutcome};
+use order_expiry_testkit::steps::assert_late_within;
 use order_expiry_testkit::{Endpoint, Reply, RunningConsumer, World, at_ms, bundle, json, message};
 use secrecy::SecretString;
 
@@ -116,19 +117,10 @@ async fn step_transitions(bundled: bool) {
         let checks = gateway.requests_for("payment", id);
         assert_eq!(checks.len(), 3, "{id}: three checks");
         for (k, step) in STEPS.iter().enumerate() {
-            let gap = checks[k + 1].at - checks[k].at;
-            let step = TimeDelta::from_std(*step).unwrap();
-            assert!(
-                gap >= step,
-                "{id}: check {} came {gap} after the one before, step {step}",
-                k + 2
-            );
-            assert!(
-                gap < step + TimeDelta::seconds(1),
-                "{id}: check {} came {gap} late",
-                k + 2
-            );
-            figures.push((gap - step).num_milliseconds());
+            let late = checks[k + 1].at - checks[k].at - TimeDelta::from_std(*step).unwrap();
+            let what = format!("{id}: check {}, after the one before and its step,", k + 2);
+            assert_late_within(late, TimeDelta::seconds(1), &what);
+            figures.push(late.num_milliseconds());
         }
     }
     let (status, _, cancelled_at) = env.order("c-pending").await;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use order_expiry::{service::Handled, service::Outcome};
+use order_expiry_testkit::steps::assert_late_within;
 use order_expiry_testkit::{World, at_ms, message};
 
 /// 2 s each: every re-check passes level 0 of the ladder (2 s − the 300 ms
@@ -62,8 +63,7 @@ async fn an_order_inserted_after_its_message_is_cancelled_one_never_inserted_is_
     let (status, _, cancelled_at) = env.order("late-insert").await;
     assert_eq!(status, "cancelled");
     let late_by = cancelled_at.unwrap() - again_at("late-insert");
-    assert!(late_by >= TimeDelta::zero(), "re-checked {late_by} early");
-    assert!(late_by < TimeDelta::seconds(1), "re-checked {late_by} late");
+    assert_late_within(late_by, TimeDelta::seconds(1), "re-checked");
 
     // Never inserted: looked for again twice, each not before its time, then unknown.
     let never = of("never");
@@ -72,15 +72,8 @@ async fn an_order_inserted_after_its_message_is_cancelled_one_never_inserted_is_
     let second_at = never[0].not_before.expect("due again at");
     let looks = [(never[0].at, again_at("never")), (never[1].at, second_at)];
     for (handled_at, not_before) in looks {
-        let late = handled_at - not_before;
-        assert!(
-            late >= TimeDelta::zero(),
-            "looked again {late} early: {seen:?}"
-        );
-        assert!(
-            late < TimeDelta::seconds(1),
-            "looked again {late} late: {seen:?}"
-        );
+        let what = format!("{seen:?}: looked again");
+        assert_late_within(handled_at - not_before, TimeDelta::seconds(1), &what);
     }
     assert!(second_at - again_at("never") >= recheck, "{seen:?}");
     eprintln!(

@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, ExchangeKind};
@@ -71,6 +71,14 @@ pub fn assert_on_time(
     let ledger = Ledger::scheduled(orders);
     Figures::audit(&ledger, rows, None).assert_within(bound);
     Lateness::of(&ledger, rows, |_| true)
+}
+
+/// Asserts that `late`, how long after its time something happened, is
+/// neither negative (early) nor `bound` or more; `what` names it.
+#[track_caller]
+pub fn assert_late_within(late: TimeDelta, bound: TimeDelta, what: &str) {
+    assert!(late >= TimeDelta::zero(), "{what} {late} early");
+    assert!(late < bound, "{what} {late} late (bound {bound})");
 }
 
 /// Something with an order id: an id, or an `(id, due_at)` pair.
