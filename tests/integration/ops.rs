@@ -59,13 +59,8 @@ async fn status_shows_every_part_and_exits_non_zero_when_unhealthy() {
     let at = |id: String, s| (id, now + TimeDelta::seconds(s));
     let waiting: Vec<_> = (0..5).map(|i| at(format!("w-{i}"), 20 + i * 5)).collect();
     let overdue: Vec<_> = (0..2).map(|i| at(format!("late-{i}"), -120 - i)).collect();
-    env.create_orders(&waiting).await;
+    env.place(&waiting).await;
     env.create_orders(&overdue).await;
-    let scheduler = env.scheduler();
-    for r in scheduler.schedule_many(waiting.iter().cloned()).await {
-        r.expect("scheduled");
-    }
-    scheduler.close().await;
     env.execute(
         "INSERT INTO order_expiry_outbox (order_id, due_at, created_at) \
          VALUES ('o-1', now() + interval '1 hour', now() - interval '5 seconds')",
@@ -180,20 +175,19 @@ async fn three_parked(env: &World) -> String {
     env.create_orders(&[("p-past".into(), past), ("p-future".into(), future)])
         .await;
     let past_body = message("p-past", past).encode();
-    park(env, &past_body, "SQLSTATE 23514: check constraint").await;
-    let future_body = message("p-future", future).encode();
-    park(
-        env,
-        &future_body,
-        "payment check still pending after the last step",
-    )
-    .await;
-    park(
-        env,
-        b"{\"v\": 1, \"due_at\": 5}",
-        "missing field \"order_id\"",
-    )
-    .await;
+    for (body, reason) in [
+        (past_body.clone(), "SQLSTATE 23514: check constraint"),
+        (
+            message("p-future", future).encode(),
+            "payment check still pending after the last step",
+        ),
+        (
+            b"{\"v\": 1, \"due_at\": 5}".to_vec(),
+            "missing field \"order_id\"",
+        ),
+    ] {
+        park(env, &body, reason).await;
+    }
     String::from_utf8(past_body).unwrap()
 }
 
@@ -229,12 +223,8 @@ async fn parked_list_and_selective_replay_strip_the_dead_letter_headers() {
     assert!(out.contains("2 not selected"), "{out}");
     let due = env.get(&due_queue).await.expect("replayed to due");
     assert_eq!(String::from_utf8_lossy(&due.delivery.data), past_body);
-    let headers = due
-        .delivery
-        .properties
-        .headers()
-        .clone()
-        .unwrap_or_default();
+    let properties = &due.delivery.properties;
+    let headers = properties.headers().clone().unwrap_or_default();
     let names: Vec<String> = headers.inner().keys().map(|k| k.to_string()).collect();
     // (x-delivery-count, if any, is the due queue's own.)
     let stale = [
