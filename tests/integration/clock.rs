@@ -122,29 +122,15 @@ async fn serve_ahead_never_has_an_event_acted_on_early() {
     env.cleanup().await;
 }
 
-// The rest of the matrix, for `scripts/test --long` (and the book's table).
-
+/// The rest of the matrix, for `scripts/test --long` (and the book's
+/// table): `serve` behind with lone orders, and no skew with lone orders,
+/// with bundles and with the HTTP action, one after the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "long: scripts/test --long"]
-async fn long_serve_behind_cancels_a_lone_order_on_time() {
+async fn long_the_rest_of_the_matrix() {
     sql_run(-SKEW_S, Carried::Alone).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "long: scripts/test --long"]
-async fn long_no_skew_lone_orders() {
     sql_run(0, Carried::Alone).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "long: scripts/test --long"]
-async fn long_no_skew_bundled_orders() {
     sql_run(0, Carried::Bundled).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "long: scripts/test --long"]
-async fn long_no_skew_http() {
     http_run(0).await;
 }
 
