@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::options::BasicPublishOptions;
 use lapin::{BasicProperties, Connection};
 use order_expiry::{
     Scheduler, Settings, service::Outcome, service::Readiness, service::Relay,
@@ -115,12 +115,11 @@ impl Imported {
 
     /// Ready messages in a queue, asked of rabbitmqctl (no AMQP user involved).
     fn ready(&self, queue: &str) -> u64 {
-        let columns = "--no-table-headers name messages_ready".split(' ');
-        let args: Vec<&str> = ["-q", "list_queues", "-p", &self.vhost]
-            .into_iter()
-            .chain(columns)
-            .collect();
-        let out = rabbitmqctl(&args);
+        let list = format!(
+            "-q list_queues -p {} --no-table-headers name messages_ready",
+            self.vhost
+        );
+        let out = rabbitmqctl(&list.split(' ').collect::<Vec<_>>());
         out.lines()
             .filter_map(|l| l.split_once('\t'))
             .find(|(name, _)| *name == queue)
@@ -130,10 +129,8 @@ impl Imported {
 }
 
 async fn connect(url: &str) -> Connection {
-    let connecting = Connection::connect(url, Default::default());
-    connecting
-        .await
-        .expect("login with the password set by rabbitmqctl")
+    let connected = Connection::connect(url, Default::default()).await;
+    connected.expect("login with the password set by rabbitmqctl")
 }
 
 fn assert_refused<T: std::fmt::Debug>(what: &str, result: Result<T, lapin::Error>) {
@@ -168,9 +165,7 @@ async fn publish(
     body: &[u8],
 ) -> Result<(), lapin::Error> {
     let channel = connection.create_channel().await?;
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await?;
+    channel.confirm_select(Default::default()).await?;
     let options = BasicPublishOptions::default();
     let properties = BasicProperties::default().with_content_type("application/json".into());
     let publishing = channel.basic_publish(exchange.into(), key.into(), options, body, properties);

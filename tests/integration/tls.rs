@@ -197,11 +197,9 @@ async fn amqps_schedules_and_consumes_and_a_wrong_ca_fails_clearly() {
     let mut wrong = env.settings.clone();
     wrong.amqp.tls_ca_file = Some(pki.path("other-ca.pem"));
     let started = Instant::now();
-    let error = Scheduler::from_settings(&wrong)
-        .unwrap()
-        .schedule("tls-2", at_ms(1_000))
-        .await
-        .expect_err("a wrong CA must not connect");
+    let wrong = Scheduler::from_settings(&wrong).unwrap();
+    let error = wrong.schedule("tls-2", at_ms(1_000)).await;
+    let error = error.expect_err("a wrong CA must not connect");
     let took = started.elapsed();
     assert!(took < Duration::from_secs(5), "took {took:?}");
     assert!(matches!(error, ScheduleError::Connect(_)), "{error:?}");
@@ -249,11 +247,8 @@ async fn a_client_certificate_is_sent_when_the_broker_requires_one() {
     let started = Instant::now();
     let result = connect(&listener.url(), tls(&pki, ["ca.pem", "", ""])).await;
     assert!(result.is_err(), "the broker requires a client certificate");
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "took {:?}",
-        started.elapsed()
-    );
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(5), "took {took:?}");
 
     let half = tls(&pki, ["ca.pem", "client.pem", ""]);
     let error = connect(&listener.url(), half)
