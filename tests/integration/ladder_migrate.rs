@@ -23,7 +23,7 @@ async fn migrate(settings: &Settings, args: &[&str]) -> String {
 
 /// The settings of a new ladder of `levels` beside the world's (its prefix
 /// and `-new`), declared.
-async fn new_ladder(env: &World, levels: u8) -> Settings {
+pub(crate) async fn new_ladder(env: &World, levels: u8) -> Settings {
     let mut new = env.settings.clone();
     new.topology.prefix = format!("{}-new", env.settings.topology.prefix);
     new.topology.levels = levels;

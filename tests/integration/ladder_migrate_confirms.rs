@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use order_expiry_testkit::{World, at_ms, orders, run_cli};
 
+use crate::ladder_migrate::new_ladder;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_migration_the_new_broker_refuses_leaves_every_message_in_the_old_ladder() {
     let env = World::builder().kind("mgc").build().await.expect("a world");
@@ -21,16 +23,10 @@ async fn a_migration_the_new_broker_refuses_leaves_every_message_in_the_old_ladd
     assert_eq!(before, 300);
 
     // The new ladder, without the level every one of these messages enters.
-    let mut new = env.settings.clone();
-    new.topology.prefix = format!("{}-new", env.settings.topology.prefix);
-    env.declare(&new).await.expect("the new topology");
+    let new = new_ladder(&env, env.settings.topology.levels).await;
     env.delete_queue(&new.ladder().unwrap().level_name(5)).await;
-    let from = [
-        "ladder",
-        "migrate",
-        "--from-prefix",
-        &env.settings.topology.prefix,
-    ];
+    let prefix = &env.settings.topology.prefix;
+    let from = ["ladder", "migrate", "--from-prefix", prefix];
     let out = run_cli(&new, &from, &[]).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "migrated into nothing: {stderr}");

@@ -57,6 +57,12 @@ pub(crate) async fn outbox_rows(env: &World) -> i64 {
     count(&client, "SELECT count(*) FROM order_expiry_outbox").await
 }
 
+/// Until the world's outbox is empty, at most `secs` seconds.
+async fn wait_emptied(env: &World, secs: u64) {
+    let emptied = async || outbox_rows(env).await == 0;
+    eventually(Duration::from_secs(secs), "the outbox emptied", emptied).await;
+}
+
 /// Until a lock that `filter` (of `pg_locks`) selects is waited for.
 async fn wait_for_lock_waiter(client: &tokio_postgres::Client, filter: &str) {
     let sql = format!("SELECT count(*) FROM pg_locks WHERE NOT granted AND {filter}");
@@ -127,10 +133,7 @@ async fn two_relays_publish_each_row_exactly_once() {
     for chunk in placed.chunks(10) {
         place(&env, chunk, true).await;
     }
-    eventually(Duration::from_secs(30), "the outbox emptied", async || {
-        outbox_rows(&env).await == 0
-    })
-    .await;
+    wait_emptied(&env, 30).await;
     // Each row's order in exactly one message (v1, or one of a bundle's).
     let (mut seen, mut messages) = (HashSet::new(), 0);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -265,10 +268,7 @@ async fn rows_written_while_the_broker_is_unreachable_are_relayed_when_it_return
     assert_eq!(outbox_rows(&env).await, 50, "failed rows stay");
 
     proxy.restore();
-    eventually(Duration::from_secs(15), "the outbox emptied", async || {
-        outbox_rows(&env).await == 0
-    })
-    .await;
+    wait_emptied(&env, 15).await;
     assert_cancelled_on_time(&env, &placed).await;
     let failures = served.metric(failures).await;
     eprintln!("FIGURES outbox broker unreachable: {failures} failed publishes, 50 relayed after");
