@@ -9,6 +9,8 @@ use std::path::Path;
 
 use order_expiry::{topology::CONSUMER_USER, topology::PUBLISHER_USER};
 
+use crate::readme::code_blocks;
+
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
@@ -65,18 +67,9 @@ fn links(markdown: &str) -> Vec<String> {
 /// mdBook's heading id: lowercase, whitespace to '-', alphanumerics, '-' and
 /// '_' kept, every other character dropped (GitHub's rule for these headings).
 fn anchor(heading: &str) -> String {
-    heading
-        .chars()
-        .filter_map(|c| {
-            if c.is_alphanumeric() || c == '-' || c == '_' {
-                Some(c.to_ascii_lowercase())
-            } else if c.is_whitespace() {
-                Some('-')
-            } else {
-                None
-            }
-        })
-        .collect()
+    let kept = |c: &char| c.is_alphanumeric() || c.is_whitespace() || "-_".contains(*c);
+    let dashed = |c: char| (if c.is_whitespace() { '-' } else { c }).to_ascii_lowercase();
+    heading.chars().filter(kept).map(dashed).collect()
 }
 
 /// The anchors of every heading of `markdown`.
@@ -206,10 +199,9 @@ fn the_orders_table_page_shows_the_default_cancel_sql() {
         .map(|(sql, _)| words(sql))
         .expect("cancel_sql in config/default.toml");
     let page = repo_file("docs/src/contract/orders-table.md");
-    let shown: Vec<String> = page
-        .split("```sql")
-        .skip(1)
-        .filter_map(|block| block.split_once("```").map(|(sql, _)| words(sql)))
+    let shown: Vec<String> = code_blocks(&page, "sql")
+        .iter()
+        .map(|sql| words(sql))
         .filter(|sql| sql.starts_with("UPDATE orders SET status = 'cancelled'"))
         .collect();
     assert_eq!(shown, [default], "docs/src/contract/orders-table.md");

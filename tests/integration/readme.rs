@@ -17,7 +17,7 @@ const README_MAX_LINES: usize = 320;
 mod outbox_order;
 
 /// The fenced blocks of `language` in `markdown`.
-fn code_blocks(markdown: &str, language: &str) -> Vec<String> {
+pub(crate) fn code_blocks(markdown: &str, language: &str) -> Vec<String> {
     let open = format!("```{language}\n");
     markdown
         .split(&open)
