@@ -67,30 +67,13 @@ fn cancel_times(
         .collect()
 }
 
-/// One start-up run's size.
-struct Startup {
-    /// Orders overdue in the catch-up queue when the consumer starts.
-    backlog: usize,
-    /// Orders falling due meanwhile, from 1 s after the start, and how far
-    /// apart.
-    fresh: usize,
-    every_ms: i64,
-    /// `consumer.catch_up_rate`.
-    rate: usize,
-}
-
 /// `serve` was down: 2,000 orders are overdue in the catch-up queue when it
 /// starts. The orders that fall due meanwhile are cancelled on time, and
 /// the backlog drains at its rate, never faster.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_due_now_come_before_the_backlog_which_drains_at_its_rate() {
-    startup(Startup {
-        backlog: 2_000,
-        fresh: 200,
-        every_ms: 15,
-        rate: 400,
-    })
-    .await;
+    // backlog 2,000, then 200 due 15 ms apart, the backlog at 400 a second
+    startup(2_000, 200, 15, 400).await;
 }
 
 /// The full size, a benchmark for a quiet machine (run by hand:
@@ -100,22 +83,14 @@ async fn orders_due_now_come_before_the_backlog_which_drains_at_its_rate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: 160,000 orders, for a quiet machine (not in scripts/test --long)"]
 async fn full_size_100_000_overdue_at_start_up() {
-    startup(Startup {
-        backlog: 100_000,
-        fresh: 60_000,
-        every_ms: 1,
-        rate: 2_000,
-    })
-    .await;
+    // backlog 100,000, then 60,000 due 1 ms apart, the backlog at 2,000 a second
+    startup(100_000, 60_000, 1, 2_000).await;
 }
 
-async fn startup(size: Startup) {
-    let Startup {
-        backlog,
-        fresh,
-        every_ms,
-        rate,
-    } = size;
+/// One start-up run: `backlog` orders overdue in the catch-up queue when the
+/// consumer starts; `fresh` orders falling due meanwhile, from 1 s after the
+/// start, `every_ms` apart; `consumer.catch_up_rate` at `rate`.
+async fn startup(backlog: usize, fresh: usize, every_ms: i64, rate: usize) {
     let env = world().await;
     let overdue = a_backlog(&env, "backlog", backlog).await;
     let mut settings = env.settings.clone();
@@ -153,30 +128,12 @@ async fn startup(size: Startup) {
     env.cleanup().await;
 }
 
-/// One order-service outage's size.
-struct Outage {
-    /// Orders falling due, from 200 ms on, and how far apart.
-    orders: usize,
-    every_ms: i64,
-    /// How long the order service is down from the start.
-    down: Duration,
-    /// `action.http.max_rps` and `consumer.catch_up_rate`.
-    rps: usize,
-    rate: u32,
-}
-
 /// The order service is down while 300 orders fall due; when it is back it
 /// gets them at `action.http.max_rps`, never faster, each cancelled once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_order_service_back_from_an_outage_gets_at_most_its_rate() {
-    order_service_outage(Outage {
-        orders: 300,
-        every_ms: 5,
-        down: Duration::from_secs(4),
-        rps: 100,
-        rate: 1_000,
-    })
-    .await;
+    // 300 orders 5 ms apart, the service down 4 s, max_rps 100, catch-up 1,000/s
+    order_service_outage(300, 5, Duration::from_secs(4), 100, 1_000).await;
 }
 
 /// The full size, a benchmark for a quiet machine (run by hand, as
@@ -186,24 +143,14 @@ async fn an_order_service_back_from_an_outage_gets_at_most_its_rate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: 150,000 orders, for a quiet machine (not in scripts/test --long)"]
 async fn full_size_order_service_down_2_min_at_1000_a_second() {
-    order_service_outage(Outage {
-        orders: 150_000,
-        every_ms: 1,
-        down: Duration::from_secs(120),
-        rps: 2_000,
-        rate: 1_000,
-    })
-    .await;
+    // 150,000 orders 1 ms apart, down 120 s, max_rps 2,000, catch-up 1,000/s
+    order_service_outage(150_000, 1, Duration::from_secs(120), 2_000, 1_000).await;
 }
 
-async fn order_service_outage(size: Outage) {
-    let Outage {
-        orders: count,
-        every_ms,
-        down,
-        rps,
-        rate,
-    } = size;
+/// One outage: `count` orders falling due from 200 ms on, `every_ms` apart;
+/// the order service down for `down` from the start; `action.http.max_rps`
+/// at `rps` and `consumer.catch_up_rate` at `rate`.
+async fn order_service_outage(count: usize, every_ms: i64, down: Duration, rps: usize, rate: u32) {
     let env = world().await;
     let port = order_expiry_testkit::free_port();
     let mut settings = env.settings.clone();
