@@ -83,12 +83,8 @@ async fn the_sweeper_cancels_overdue_unpaid_orders_that_never_got_a_message() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sweep_uses_the_atomic_statement_and_a_disabled_sweeper_does_nothing() {
     let mut env = World::new().await;
-    env.create_orders(&[
-        ("old-1".into(), at_ms(-600_000)),
-        ("old-2".into(), at_ms(-600_000)),
-        ("old-paid".into(), at_ms(-600_000)),
-    ])
-    .await;
+    let old = ["old-1", "old-2", "old-paid"].map(|id| (id.to_owned(), at_ms(-600_000)));
+    env.create_orders(&old).await;
     assert!(env.store.pay("old-paid").await.unwrap());
 
     // Turned off: `serve` runs no sweeper.

@@ -35,18 +35,11 @@ impl Pki {
                  -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign"
             ));
         }
-        for (leaf, cn, extensions) in [
-            (
-                "server",
-                "127.0.0.1",
-                "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth",
-            ),
-            (
-                "client",
-                "order-expiry-client",
-                "extendedKeyUsage=clientAuth",
-            ),
-        ] {
+        let server_ext = "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth";
+        let server = ("server", "127.0.0.1", server_ext);
+        let client_ext = "extendedKeyUsage=clientAuth";
+        let client = ("client", "order-expiry-client", client_ext);
+        for (leaf, cn, extensions) in [server, client] {
             let ext = format!("basicConstraints=critical,CA:FALSE\n{extensions}\n");
             std::fs::write(pki.path(&format!("{leaf}.ext")), ext).unwrap();
             pki.openssl(&format!(
