@@ -192,20 +192,13 @@ async fn failing_commands_and_a_failing_service_never_show_the_password() {
 
     // One-shot commands that fail on the broker, on the database, on the URL.
     let schedule = ["schedule", "--order-id", "x", "--delay", "1s"];
+    let (apply, migrate) = (["topology", "apply"], ["migrate"]);
     let runs: [(&str, &[&str], &str); 5] = [
         ("schedule, broker unreachable", &schedule, &unreachable_amqp),
         ("schedule, login refused", &schedule, &wrong_amqp),
         ("schedule, invalid URL", &schedule, &invalid_amqp),
-        (
-            "topology apply, login refused",
-            &["topology", "apply"],
-            &wrong_amqp,
-        ),
-        (
-            "migrate, database unreachable",
-            &["migrate"],
-            &unreachable_db,
-        ),
+        ("topology apply, login refused", &apply, &wrong_amqp),
+        ("migrate, database unreachable", &migrate, &unreachable_db),
     ];
     for (what, args, url) in runs {
         for format in ["text", "json"] {
