@@ -77,10 +77,8 @@ async fn killing_the_consumer_while_it_holds_a_message_loses_nothing() {
     )
     .await;
     served.signal("-KILL");
-    served
-        .wait_exit(Duration::from_secs(5))
-        .await
-        .expect("killed");
+    let exited = served.wait_exit(Duration::from_secs(5)).await;
+    exited.expect("killed");
     drop(served);
     assert_eq!(
         env.order("kill-1").await.0,

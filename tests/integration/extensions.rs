@@ -87,11 +87,8 @@ async fn the_store_applies_the_rule_and_the_sweeper_reads_the_new_deadline() {
         .await;
     let stale = order_expiry_testkit::message("ext-sweep", old);
     let no_deadline = order_expiry_testkit::message("ext-null", old);
-    let dispositions = env
-        .store
-        .cancel_unpaid(&[&stale, &no_deadline])
-        .await
-        .unwrap();
+    let messages = [&stale, &no_deadline];
+    let dispositions = env.store.cancel_unpaid(&messages).await.unwrap();
     use order_expiry::service::Disposition::{Cancelled, Extended};
     // A NULL deadline never extends: the message cancels it.
     assert_eq!(dispositions, [Extended, Cancelled]);

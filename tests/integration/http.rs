@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use order_expiry::service::Service;
-use order_expiry_testkit::{World, eventually, http_get, metric_value};
+use order_expiry_testkit::{World, at_ms, eventually, http_get, metric_value};
 use tokio_util::sync::CancellationToken;
 
 async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
@@ -22,18 +22,13 @@ async fn health_readiness_and_metrics() {
     let task = tokio::spawn(service.run(stop.clone()));
 
     assert_eq!(get(addr, "/healthz").await.0, 200);
-    eventually(Duration::from_secs(10), "consuming", async || {
-        readiness.is_consuming()
-    })
-    .await;
+    let consuming = async || readiness.is_consuming();
+    eventually(Duration::from_secs(10), "consuming", consuming).await;
     let (status, body) = get(addr, "/readyz").await;
     assert_eq!(status, 200, "{body}");
 
     let scheduler = env.scheduler();
-    scheduler
-        .schedule("m-unknown", order_expiry_testkit::at_ms(-1))
-        .await
-        .unwrap();
+    scheduler.schedule("m-unknown", at_ms(-1)).await.unwrap();
     // Every outcome is exported from the start at 0: wait for a non-zero one.
     let unknown = "order_expiry_messages_total{outcome=\"unknown\"}";
     eventually(
@@ -47,10 +42,8 @@ async fn health_readiness_and_metrics() {
     scheduler.close().await;
 
     stop.cancel();
-    tokio::time::timeout(Duration::from_secs(15), task)
-        .await
-        .unwrap()
-        .unwrap();
+    let stopped = tokio::time::timeout(Duration::from_secs(15), task).await;
+    stopped.expect("stopped within 15 s").unwrap();
     assert!(!readiness.is_consuming(), "not ready after shutdown");
     env.cleanup().await;
 }

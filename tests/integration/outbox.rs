@@ -208,10 +208,8 @@ async fn kill_9_between_confirm_and_delete_gives_a_duplicate_never_a_loss() {
     );
 
     first.signal("-KILL");
-    first
-        .wait_exit(Duration::from_secs(5))
-        .await
-        .expect("killed");
+    let exited = first.wait_exit(Duration::from_secs(5)).await;
+    exited.expect("killed");
     assert_eq!(outbox_rows(&env).await, 1, "the row outlived the relay");
     // Let the old backend go on: its client is gone, so it rolls back.
     hold.batch_execute(&format!(
