@@ -31,12 +31,8 @@ fn most_in_a_second(rate: usize, bundle: usize) -> usize {
 /// its catch-up queue, with 8 ladder levels (up to 255 s): the full-size
 /// order-service outage schedules orders 150 s ahead.
 async fn world() -> World {
-    let world = World::builder()
-        .catch_up_after(AFTER)
-        .levels(8)
-        .build()
-        .await;
-    world.expect("a world")
+    let world = World::builder().catch_up_after(AFTER).levels(8).build();
+    world.await.expect("a world")
 }
 
 /// Publishes `n` overdue orders straight into the due queue, in bundles of

@@ -25,11 +25,8 @@ async fn run(world: &World, command: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_apply_and_demo_print_no_error() {
-    let world = World::builder()
-        .declare(false)
-        .build()
-        .await
-        .expect("world");
+    let world = World::builder().declare(false).build().await;
+    let world = world.expect("world");
     run(&world, "topology apply").await;
     let demo = run(&world, "demo --orders 10 --min-delay 1s --max-delay 3s").await;
     assert!(

@@ -52,10 +52,8 @@ async fn a_list_of_dead_brokers_names_each_without_its_password() {
     let (one, two) = (dead_url("pw-one"), dead_url("pw-two"));
     settings.amqp.url = SecretString::from(format!("{one},{two}"));
     let scheduler = Scheduler::from_settings(&settings).unwrap();
-    let error = scheduler
-        .schedule("nowhere", at_ms(1000))
-        .await
-        .unwrap_err();
+    let error = scheduler.schedule("nowhere", at_ms(1000)).await;
+    let error = error.unwrap_err();
     let text = error.to_string();
     assert!(text.contains("none of the 2 brokers"), "{text}");
     for url in [&one, &two] {
