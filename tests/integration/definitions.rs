@@ -51,10 +51,8 @@ async fn the_export_for_the_event_action_lets_the_consumer_write_its_exchange() 
     let consumer_write = |defs: &Value| {
         let permissions = defs["permissions"].as_array().unwrap().iter();
         let mut consumer = permissions.filter(|p| p["user"] == CONSUMER_USER);
-        consumer.next().unwrap()["write"]
-            .as_str()
-            .unwrap()
-            .to_owned()
+        let write = &consumer.next().unwrap()["write"];
+        write.as_str().unwrap().to_owned()
     };
     let without = consumer_write(&plain);
     let expected = format!(r"{}|shop\.events)$", without.strip_suffix(")$").unwrap());

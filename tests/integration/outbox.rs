@@ -303,10 +303,8 @@ async fn rows_committed_while_a_round_is_in_progress_are_relayed_when_it_ends() 
     let mut blocker = env.store.client().await.expect("database");
     let blocker = blocker.transaction().await.expect("begin");
     let rejected = "order_expiry_outbox_rejected";
-    blocker
-        .batch_execute(&format!("LOCK TABLE {rejected} IN SHARE MODE"))
-        .await
-        .expect("lock");
+    let lock = format!("LOCK TABLE {rejected} IN SHARE MODE");
+    blocker.batch_execute(&lock).await.expect("lock");
     place(&env, &[(String::new(), at_ms(60_000))], true).await;
     let watcher = env.store.client().await.expect("database");
     wait_for_lock_waiter(&watcher, &format!("relation = '{rejected}'::regclass")).await;

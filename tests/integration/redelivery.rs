@@ -161,10 +161,8 @@ fn persistent() -> BasicProperties {
 /// be ready again.
 async fn get(channel: &Channel, queue: &str) -> Option<lapin::message::BasicGetMessage> {
     for _ in 0..50 {
-        let got = channel
-            .basic_get(queue.into(), BasicGetOptions::default())
-            .await
-            .unwrap();
+        let got = channel.basic_get(queue.into(), BasicGetOptions::default());
+        let got = got.await.unwrap();
         if got.is_some() {
             return got;
         }
