@@ -13,7 +13,7 @@ use order_expiry::Settings;
 use serde_json::json;
 
 use crate::goals::{self, Bench, Measurement};
-use crate::{cancel, flash, lateness, outbox, throughput};
+use crate::{Judged, cancel, flash, lateness, outbox, throughput};
 
 /// Arguments of `check`.
 #[derive(Debug, Clone, Args)]
@@ -78,33 +78,16 @@ pub async fn run(settings: &Settings, args: &CheckArgs) -> anyhow::Result<()> {
 
 /// Runs one benchmark with `cli` as its arguments and prints its report.
 async fn measure(settings: &Settings, bench: Bench, cli: &str) -> anyhow::Result<Vec<Measurement>> {
+    fn shown(report: impl Judged) -> Vec<Measurement> {
+        println!("{}", report.table());
+        report.measurements()
+    }
     Ok(match bench {
-        Bench::Lateness | Bench::Burst => {
-            let report = lateness::measure(settings, &parse(cli)?).await?;
-            println!("{}", lateness::table(&report));
-            report.measurements()
-        }
-        Bench::Throughput => {
-            let report = throughput::measure(settings, &parse(cli)?).await?;
-            println!("{}", report.table());
-            report.measurements()
-        }
-        Bench::Outbox => {
-            let report = outbox::measure(settings, &parse(cli)?).await?;
-            println!("{}", outbox::table(&report));
-            report.measurements()
-        }
-        Bench::Flash => {
-            let report = flash::measure(settings, &parse(cli)?).await?;
-            println!("{}", flash::table(&report));
-            report.measurements()
-        }
-        Bench::Cancel => {
-            let args: cancel::CancelArgs = parse(cli)?;
-            let rows = cancel::measure(settings, &args).await?;
-            println!("{}", cancel::table(&rows, args.repetitions));
-            cancel::measurements(&rows)
-        }
+        Bench::Lateness | Bench::Burst => shown(lateness::measure(settings, &parse(cli)?).await?),
+        Bench::Throughput => shown(throughput::measure(settings, &parse(cli)?).await?),
+        Bench::Outbox => shown(outbox::measure(settings, &parse(cli)?).await?),
+        Bench::Flash => shown(flash::measure(settings, &parse(cli)?).await?),
+        Bench::Cancel => shown(cancel::measure(settings, &parse(cli)?).await?),
     })
 }
 
@@ -126,16 +109,15 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::flash::{Bundles, SalePath, Switch};
 
     #[test]
     fn every_run_parses_at_the_settings_of_its_goals() {
+        let secs = Duration::from_secs;
         let steady: lateness::LatenessArgs = parse(Bench::Lateness.args(false)).unwrap();
         assert_eq!(steady.rate, 200);
-        assert_eq!(steady.duration, Duration::from_secs(60));
-        assert_eq!(
-            (steady.min_delay, steady.max_delay),
-            (Duration::from_secs(1), Duration::from_secs(60))
-        );
+        assert_eq!(steady.duration, secs(60));
+        assert_eq!((steady.min_delay, steady.max_delay), (secs(1), secs(60)));
         assert_eq!(
             (steady.pay_share, steady.no_naive, steady.burst),
             (0.2, false, 0)
@@ -143,13 +125,13 @@ mod tests {
 
         let burst: lateness::LatenessArgs = parse(Bench::Burst.args(false)).unwrap();
         assert_eq!((burst.rate, burst.burst, burst.no_naive), (200, 2000, true));
-        assert_eq!(burst.duration, Duration::from_secs(20));
-        assert_eq!(burst.max_delay, Duration::from_secs(20));
-        assert_eq!(burst.burst_at, Duration::from_secs(8));
-        assert_eq!(burst.burst_over, Duration::from_secs(1));
+        assert_eq!(burst.duration, secs(20));
+        assert_eq!(burst.max_delay, secs(20));
+        assert_eq!(burst.burst_at, secs(8));
+        assert_eq!(burst.burst_over, secs(1));
         assert_eq!(
             (burst.burst_min_delay, burst.burst_max_delay),
-            (Duration::from_secs(1), Duration::from_secs(15))
+            (secs(1), secs(15))
         );
 
         let tp: throughput::ThroughputArgs = parse(Bench::Throughput.args(false)).unwrap();
@@ -162,28 +144,15 @@ mod tests {
 
         let ob: outbox::OutboxArgs = parse(Bench::Outbox.args(false)).unwrap();
         assert_eq!((ob.rate, ob.writers), (1000, 8));
-        assert_eq!(
-            (ob.duration, ob.warmup),
-            (Duration::from_secs(60), Duration::from_secs(5))
-        );
+        assert_eq!((ob.duration, ob.warmup), (secs(60), secs(5)));
 
         let fl: flash::FlashArgs = parse(Bench::Flash.args(false)).unwrap();
         assert_eq!(fl.orders, 200_000);
-        assert_eq!(
-            (fl.within, fl.window),
-            (Duration::from_secs(10), Duration::from_secs(25))
-        );
-        assert_eq!(
-            (fl.bundles, fl.sweeper),
-            (flash::Bundles::On, flash::Switch::On)
-        );
+        assert_eq!((fl.within, fl.window), (secs(10), secs(25)));
+        assert_eq!((fl.bundles, fl.sweeper), (Bundles::On, Switch::On));
         assert_eq!(
             fl.paths,
-            [
-                flash::SalePath::Library,
-                flash::SalePath::Cli,
-                flash::SalePath::Outbox
-            ]
+            [SalePath::Library, SalePath::Cli, SalePath::Outbox]
         );
 
         let c: cancel::CancelArgs = parse(Bench::Cancel.args(false)).unwrap();
@@ -202,7 +171,7 @@ mod tests {
         let o: outbox::OutboxArgs = parse(Bench::Outbox.args(true)).unwrap();
         assert!(o.duration < Duration::from_secs(60));
         let f: flash::FlashArgs = parse(Bench::Flash.args(true)).unwrap();
-        assert!(f.orders < 200_000 && f.bundles == flash::Bundles::On);
+        assert!(f.orders < 200_000 && f.bundles == Bundles::On);
         let c: cancel::CancelArgs = parse(Bench::Cancel.args(true)).unwrap();
         assert!(c.orders < 20_000 && c.repetitions < 7);
         assert!(parse::<outbox::OutboxArgs>("--no-such-flag").is_err());

@@ -298,7 +298,7 @@ pub fn all_met(verdicts: &[Verdict]) -> bool {
 /// The last line of a run: how many goals were met, the missed ones with
 /// their figures, and how many were not measured at all.
 pub fn summary(verdicts: &[Verdict]) -> String {
-    let missed: Vec<String> = verdicts
+    let mut missed: Vec<String> = verdicts
         .iter()
         .filter(|v| !v.met && v.measured.is_some())
         .map(|v| {
@@ -312,22 +312,15 @@ pub fn summary(verdicts: &[Verdict]) -> String {
         })
         .collect();
     let unmeasured = verdicts.iter().filter(|v| v.measured.is_none()).count();
-    let n = verdicts.len();
-    let mut line = match missed.len() + unmeasured {
-        _ if n == 0 => return "no goal was judged".to_owned(),
-        0 => return format!("{n} of {n} goals met"),
-        m => format!("{m} of {n} goals missed"),
-    };
-    if !missed.is_empty() {
-        line.push_str(&format!(": {}", missed.join("; ")));
-    }
+    let m = missed.len() + unmeasured;
     if unmeasured > 0 {
-        line.push_str(&format!(
-            "{}{unmeasured} not measured",
-            if missed.is_empty() { ": " } else { "; " }
-        ));
+        missed.push(format!("{unmeasured} not measured"));
     }
-    line
+    match (verdicts.len(), m) {
+        (0, _) => "no goal was judged".to_owned(),
+        (n, 0) => format!("{n} of {n} goals met"),
+        (n, m) => format!("{m} of {n} goals missed: {}", missed.join("; ")),
+    }
 }
 
 /// The table: benchmark, measure, goal, measured, met.
@@ -421,23 +414,26 @@ mod tests {
 
     #[test]
     fn the_stated_limits() {
-        let at = |b, m| limit(b, m).unwrap_or_else(|| panic!("no goal {m}"));
-        assert_eq!(
-            at(Bench::Burst, "flash sale: p99 lateness"),
-            Limit::AtMost(20.0)
-        );
-        assert_eq!(
-            at(Bench::Burst, "flash sale: max lateness"),
-            Limit::AtMost(100.0)
-        );
-        assert_eq!(
-            at(Bench::Outbox, "commit → confirm p99"),
-            Limit::AtMost(50.0)
-        );
-        assert_eq!(
-            at(Bench::Throughput, "drain: ratio to bare lapin"),
-            Limit::AtLeast(0.7)
-        );
+        for (bench, measure, stated) in [
+            (
+                Bench::Burst,
+                "flash sale: p99 lateness",
+                Limit::AtMost(20.0),
+            ),
+            (
+                Bench::Burst,
+                "flash sale: max lateness",
+                Limit::AtMost(100.0),
+            ),
+            (Bench::Outbox, "commit → confirm p99", Limit::AtMost(50.0)),
+            (
+                Bench::Throughput,
+                "drain: ratio to bare lapin",
+                Limit::AtLeast(0.7),
+            ),
+        ] {
+            assert_eq!(limit(bench, measure), Some(stated), "{bench}: {measure}");
+        }
         assert_eq!(limit(Bench::Outbox, "flash sale: p99 lateness"), None);
         for path in ["library", "cli", "outbox"] {
             let flash = |m: &str| limit(Bench::Flash, &format!("{path}: {m}")).unwrap();

@@ -41,6 +41,9 @@ pub mod outbox;
 pub mod soak;
 pub mod throughput;
 
+use anyhow::Context;
+use order_expiry_testkit::{World, WorldBuilder};
+
 /// A subcommand's last words: its goals as a table, then one line saying
 /// whether they are met; [`GoalsMissed`] (a non-zero exit) when one is missed.
 pub fn finish(verdicts: &[goals::Verdict]) -> anyhow::Result<()> {
@@ -70,6 +73,87 @@ impl std::fmt::Display for GoalsMissed {
 
 impl std::error::Error for GoalsMissed {}
 
+/// A benchmark's result, as its subcommand and `check` print and judge it.
+pub trait Judged {
+    /// Whose goals judge it.
+    fn bench(&self) -> goals::Bench;
+    /// The text it prints.
+    fn table(&self) -> String;
+    /// Its figures, named as its goals' measures.
+    fn measurements(&self) -> Vec<goals::Measurement>;
+}
+
+/// A subcommand's end: `report` judged by the goals it measured ([`finish`]).
+pub fn conclude(report: &impl Judged) -> anyhow::Result<()> {
+    finish(&goals::judge(report.bench(), &report.measurements(), false))
+}
+
+/// A benchmark's world of its own on `settings` (prefix and schema named
+/// after `kind`), removed when its run ends.
+pub(crate) fn world(settings: &order_expiry::Settings, kind: &str) -> WorldBuilder {
+    World::builder().settings(settings.clone()).kind(kind)
+}
+
+/// Inserts `orders` unpaid, 10,000 a statement, and refreshes the planner's
+/// statistics so the cancels use the primary key.
+pub(crate) async fn insert_unpaid(
+    world: &World,
+    orders: &[(String, chrono::DateTime<chrono::Utc>)],
+) -> anyhow::Result<()> {
+    for chunk in orders.chunks(10_000) {
+        world
+            .insert_orders(chunk)
+            .await
+            .context("creating orders")?;
+    }
+    let client = world.store.client().await?;
+    client.batch_execute("ANALYZE orders").await?;
+    Ok(())
+}
+
+/// Waits until no order of `world` is unpaid, or `deadline`, telling
+/// `progress` each count; the unpaid ones left.
+pub(crate) async fn wait_settled(
+    world: &World,
+    deadline: tokio::time::Instant,
+    progress: impl Fn(i64),
+) -> anyhow::Result<i64> {
+    loop {
+        let unpaid = world.count_orders("unpaid").await?;
+        progress(unpaid);
+        if unpaid == 0 || tokio::time::Instant::now() > deadline {
+            return Ok(unpaid);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
+/// The processes whose command (`/proc/<pid>/comm`) is `comm`.
+pub(crate) fn pids_named(comm: &str) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == comm)
+        })
+        .collect()
+}
+
+/// Median of the finite values (the mean of the middle two for an even
+/// count); 0 for none.
+pub fn median(values: &[f64]) -> f64 {
+    let mut sorted: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
 /// Percentile of sorted values by nearest rank; 0 for none.
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
@@ -95,7 +179,15 @@ pub(crate) fn plot_error<E: std::fmt::Debug>(e: E) -> anyhow::Error {
 
 #[cfg(test)]
 mod tests {
-    use super::percentile;
+    use super::{median, percentile};
+
+    #[test]
+    fn medians_of_odd_and_even_counts() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(&[f64::NAN, 1.0, 3.0]), 2.0);
+        assert_eq!(median(&[]), 0.0);
+    }
 
     #[test]
     fn nearest_rank_percentiles() {

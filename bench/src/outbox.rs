@@ -26,8 +26,8 @@ use secrecy::ExposeSecret;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::goals::{self, Bench, Measurement};
-use crate::percentile;
+use crate::goals::{Bench, Measurement};
+use crate::{Judged, percentile};
 
 /// Arguments of `outbox`.
 #[derive(Debug, Clone, Args)]
@@ -54,7 +54,7 @@ pub struct OutboxArgs {
 }
 
 /// One committed order, and what the relay said of it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct Sample {
     committed_at: DateTime<Utc>,
     created_at: Option<DateTime<Utc>>,
@@ -63,7 +63,7 @@ struct Sample {
 }
 
 /// The figures of one run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct OutboxReport {
     /// The broker's URL, password hidden.
     pub broker: String,
@@ -109,16 +109,23 @@ const SLOWEST: usize = 10;
 /// Runs the benchmark, prints the report and writes it as JSON.
 pub async fn run(settings: &Settings, args: &OutboxArgs) -> anyhow::Result<()> {
     let report = measure(settings, args).await?;
-    println!("{}", table(&report));
+    println!("{}", report.table());
     std::fs::write(&args.json, serde_json::to_string_pretty(&report)?)?;
     println!("wrote {}", args.json.display());
-    let verdicts = goals::judge(Bench::Outbox, &report.measurements(), false);
-    crate::finish(&verdicts)
+    crate::conclude(&report)
 }
 
-impl OutboxReport {
+impl Judged for OutboxReport {
+    fn bench(&self) -> Bench {
+        Bench::Outbox
+    }
+
+    fn table(&self) -> String {
+        table(self)
+    }
+
     /// The figures, named as the goals' measures ([`Bench::Outbox`]).
-    pub fn measurements(&self) -> Vec<Measurement> {
+    fn measurements(&self) -> Vec<Measurement> {
         vec![
             Measurement::new(
                 "rows not relayed",
@@ -132,10 +139,8 @@ impl OutboxReport {
 /// Runs the benchmark in a world of its own based on `settings` (prefix
 /// `bench-ob-<id>`, its own schema), removed at the end.
 pub async fn measure(settings: &Settings, args: &OutboxArgs) -> anyhow::Result<OutboxReport> {
-    let builder = World::builder().settings(settings.clone()).kind("bench-ob");
-    builder
-        .run(async |world| measure_in(world, args).await)
-        .await
+    let run = async |world: &World| measure_in(world, args).await;
+    crate::world(settings, "bench-ob").run(run).await
 }
 
 async fn measure_in(world: &World, args: &OutboxArgs) -> anyhow::Result<OutboxReport> {
@@ -164,15 +169,11 @@ async fn measure_in(world: &World, args: &OutboxArgs) -> anyhow::Result<OutboxRe
     let mut samples: HashMap<String, Sample> = HashMap::with_capacity(total);
     for writer in writers {
         for (id, committed_at) in writer.await?? {
-            samples.insert(
-                id,
-                Sample {
-                    committed_at,
-                    created_at: None,
-                    locked_at: None,
-                    confirmed_at: None,
-                },
-            );
+            let sample = Sample {
+                committed_at,
+                ..Sample::default()
+            };
+            samples.insert(id, sample);
         }
     }
     let elapsed = start.elapsed();
@@ -337,7 +338,7 @@ fn load_average() -> f64 {
 }
 
 /// The report as text.
-pub fn table(r: &OutboxReport) -> String {
+fn table(r: &OutboxReport) -> String {
     let row = |name: &str, v: &[f64; 5]| {
         format!(
             "| {name:<34} | {:>6.1} | {:>6.1} | {:>6.1} | {:>6.1} | {:>7.1} |",
@@ -387,17 +388,10 @@ mod tests {
 
     fn report(relayed: usize, p99: f64) -> OutboxReport {
         OutboxReport {
-            broker: "amqp://127.0.0.1:5672/%2f".into(),
             committed: 1000,
-            commit_rate: 1000.0,
             relayed,
-            duplicates: 0,
-            measured: 900,
             commit_to_confirm_ms: [2.0, 5.0, p99, 20.0, 40.0],
-            created_to_confirm_ms: [2.0, 5.0, 14.0, 20.0, 40.0],
-            pending: vec![0, 3],
-            slowest: Vec::new(),
-            load: (0.5, 0.7),
+            ..OutboxReport::default()
         }
     }
 

@@ -18,8 +18,9 @@
 //! - the goal, on a quiet machine (`cargo test -p order-expiry-bench --test
 //!   burst -- --ignored`): p99 at most 20 ms and max at most 100 ms.
 
+use order_expiry_bench::Judged;
 use order_expiry_bench::check::parse;
-use order_expiry_bench::lateness::{LatenessArgs, Report, measure, table};
+use order_expiry_bench::lateness::{LatenessArgs, Report, measure};
 use order_expiry_testkit::World;
 
 async fn flash_sale() -> Report {
@@ -30,7 +31,7 @@ async fn flash_sale() -> Report {
     )
     .unwrap();
     let report = measure(&settings, &args).await.expect("benchmark runs");
-    eprintln!("{}", table(&report));
+    eprintln!("{}", report.table());
     let sale = &report.rows[1];
     assert_eq!(sale.design, "ladder, flash sale");
     assert!(

@@ -11,8 +11,9 @@
 //! 100 ms, max at most 1 s at 200,000 orders) is the benchmark's:
 //! `order-expiry-bench flash`, on a quiet machine.
 
+use order_expiry_bench::Judged;
 use order_expiry_bench::check::parse;
-use order_expiry_bench::flash::{FlashArgs, measure, table};
+use order_expiry_bench::flash::{FlashArgs, measure};
 use order_expiry_testkit::World;
 
 /// The latest any order of the sale may be cancelled after its due time.
@@ -29,7 +30,7 @@ async fn a_small_flash_sale_is_cancelled_whole_never_early_and_within_ten_second
     )
     .unwrap();
     let report = measure(&settings, &args).await.expect("benchmark runs");
-    eprintln!("{}", table(&report));
+    eprintln!("{}", report.table());
     let [sale] = report.rows.as_slice() else {
         panic!("one run: {:?}", report.rows);
     };

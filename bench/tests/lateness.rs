@@ -5,14 +5,15 @@
 //! one misses it too (one stall of a shared machine: see `burst.rs`).
 
 use order_expiry::Settings;
+use order_expiry_bench::Judged;
 use order_expiry_bench::check::parse;
-use order_expiry_bench::lateness::{LatenessArgs, Row, measure, table};
+use order_expiry_bench::lateness::{LatenessArgs, Row, measure};
 use order_expiry_testkit::World;
 
 /// One run: printed, never early, none missed; its ladder row.
 async fn steady_run(settings: &Settings, args: &LatenessArgs) -> Row {
     let report = measure(settings, args).await.expect("benchmark runs");
-    eprintln!("{}", table(&report));
+    eprintln!("{}", report.table());
     let ladder = report.rows[0].clone();
     assert_eq!(ladder.orders, 300);
     assert!(

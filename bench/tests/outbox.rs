@@ -14,8 +14,9 @@
 //! it; a single row held up once by the database does not. The goal (p99 at most 50 ms at 1,000 rows/s) is the
 //! benchmark's: `order-expiry-bench outbox`, on a quiet machine.
 
+use order_expiry_bench::Judged;
 use order_expiry_bench::check::parse;
-use order_expiry_bench::outbox::{OutboxArgs, measure, table};
+use order_expiry_bench::outbox::{OutboxArgs, measure};
 use order_expiry_testkit::World;
 
 /// The most 99 % of the committed rows may wait from commit to confirm.
@@ -29,7 +30,7 @@ async fn every_row_is_relayed_once_and_p99_waits_at_most_a_second() {
     let args: OutboxArgs =
         parse("--rate 500 --duration 10s --warmup 2s --writers 8 --due-in 30s").unwrap();
     let report = measure(&settings, &args).await.expect("benchmark runs");
-    eprintln!("{}", table(&report));
+    eprintln!("{}", report.table());
     assert_eq!(report.committed, 5_000);
     assert_eq!(report.relayed, 5_000, "every committed row is relayed");
     assert_eq!(report.duplicates, 0, "each row is relayed once");

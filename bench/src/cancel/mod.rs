@@ -25,7 +25,8 @@ use order_expiry_testkit::{World, WorldBuilder};
 use serde::Serialize;
 use tokio_postgres::Statement;
 
-use crate::goals::{self, Bench, Measurement};
+use crate::goals::{Bench, Measurement};
+use crate::{Judged, median};
 
 pub mod slots;
 
@@ -96,14 +97,36 @@ pub async fn run(settings: &Settings, args: &CancelArgs) -> anyhow::Result<()> {
         println!("{}", slots::table(&rows.await?, args.repetitions));
         return Ok(());
     }
-    let rows = measure(settings, args).await?;
-    println!("{}", table(&rows, args.repetitions));
-    let verdicts = goals::judge(Bench::Cancel, &measurements(&rows), false);
-    crate::finish(&verdicts)
+    let report = measure(settings, args).await?;
+    println!("{}", report.table());
+    crate::conclude(&report)
+}
+
+/// The benchmark's result: a row per batch size.
+#[derive(Debug, Clone)]
+pub struct CancelReport {
+    /// One row per batch size.
+    pub rows: Vec<CancelRow>,
+    /// The repetitions whose medians they are.
+    pub repetitions: usize,
+}
+
+impl Judged for CancelReport {
+    fn bench(&self) -> Bench {
+        Bench::Cancel
+    }
+
+    fn table(&self) -> String {
+        table(&self.rows, self.repetitions)
+    }
+
+    fn measurements(&self) -> Vec<Measurement> {
+        measurements(&self.rows)
+    }
 }
 
 /// Measures every batch size of `args` in a world of its own.
-pub async fn measure(settings: &Settings, args: &CancelArgs) -> anyhow::Result<Vec<CancelRow>> {
+pub async fn measure(settings: &Settings, args: &CancelArgs) -> anyhow::Result<CancelReport> {
     ensure!(
         args.batch_sizes.iter().all(|&b| b > 0)
             && args.orders > 0
@@ -113,15 +136,16 @@ pub async fn measure(settings: &Settings, args: &CancelArgs) -> anyhow::Result<V
         "batch sizes, orders, statements, repetitions and concurrency start at 1"
     );
     let rows = builder(settings).run(async |world| measure_in(world, args).await);
-    rows.await
+    let repetitions = args.repetitions;
+    Ok(CancelReport {
+        rows: rows.await?,
+        repetitions,
+    })
 }
 
 /// A world of the benchmark's own: its schema, no topology.
 fn builder(settings: &Settings) -> WorldBuilder {
-    World::builder()
-        .settings(settings.clone())
-        .kind("bench-cancel")
-        .declare(false)
+    crate::world(settings, "bench-cancel").declare(false)
 }
 
 /// One repetition at one batch size: µs per order of each statement
@@ -155,7 +179,7 @@ async fn measure_in(world: &World, args: &CancelArgs) -> anyhow::Result<Vec<Canc
     }
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); args.batch_sizes.len()];
     for rep in 0..args.repetitions {
-        let sets = create_orders(world, &store, args, rep, statements.len()).await?;
+        let sets = create_orders(world, args, rep, statements.len()).await?;
         for (i, &batch) in args.batch_sizes.iter().enumerate() {
             let took = cancel_interleaved(&lanes, &sets[i], batch)
                 .await
@@ -186,7 +210,6 @@ fn orders_at(args: &CancelArgs, batch: usize) -> usize {
 /// each batch size, one set per statement.
 async fn create_orders(
     world: &World,
-    store: &PgOrderStore,
     args: &CancelArgs,
     rep: usize,
     statements: usize,
@@ -201,15 +224,11 @@ async fn create_orders(
         }
         sets.push(per_statement);
     }
-    store
-        .client()
-        .await?
-        .batch_execute("ANALYZE orders")
-        .await?;
     Ok(sets)
 }
 
-/// `count` unpaid orders `PREFIX-<n>` due at `due_at`, created; their ids.
+/// `count` unpaid orders `PREFIX-<n>` due at `due_at`, created
+/// ([`crate::insert_unpaid`]); their ids.
 async fn overdue(
     world: &World,
     prefix: &str,
@@ -219,12 +238,7 @@ async fn overdue(
     let orders: Vec<(String, DateTime<Utc>)> = (0..count)
         .map(|n| (format!("{prefix}-{n}"), due_at))
         .collect();
-    for chunk in orders.chunks(10_000) {
-        world
-            .insert_orders(chunk)
-            .await
-            .context("creating orders")?;
-    }
+    crate::insert_unpaid(world, &orders).await?;
     Ok(orders.into_iter().map(|(id, _)| id).collect())
 }
 
@@ -348,8 +362,8 @@ async fn cancel_interleaved(
 /// of the machine's drift than the ratio of the medians would).
 pub fn summarize(batch: usize, orders: usize, samples: &[Sample]) -> CancelRow {
     let statements = samples.first().map_or(2, Vec::len);
-    let cost = |k: usize| median(samples.iter().map(|s| s[k]).collect());
-    let ratio = |k: usize| median(samples.iter().map(|s| s[k] / s[1]).collect());
+    let cost = |k: usize| median(&samples.iter().map(|s| s[k]).collect::<Vec<_>>());
+    let ratio = |k: usize| median(&samples.iter().map(|s| s[k] / s[1]).collect::<Vec<_>>());
     CancelRow {
         batch,
         orders,
@@ -360,31 +374,16 @@ pub fn summarize(batch: usize, orders: usize, samples: &[Sample]) -> CancelRow {
     }
 }
 
-/// The median (the mean of the middle two for an even count); NaN for none.
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    match n {
-        0 => f64::NAN,
-        _ if n % 2 == 1 => values[n / 2],
-        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
-}
-
 /// The figures the goals judge: the ratio at each batch size.
-pub fn measurements(rows: &[CancelRow]) -> Vec<Measurement> {
+fn measurements(rows: &[CancelRow]) -> Vec<Measurement> {
+    let measure = |batch| format!("cancel_sql / bare UPDATE, {batch} per statement");
     rows.iter()
-        .map(|r| Measurement::new(ratio_measure(r.batch), r.ratio))
+        .map(|r| Measurement::new(measure(r.batch), r.ratio))
         .collect()
 }
 
-/// The name of the ratio's measure at `batch` (the goals' names).
-pub fn ratio_measure(batch: usize) -> String {
-    format!("cancel_sql / bare UPDATE, {batch} per statement")
-}
-
 /// The rows as a Markdown table.
-pub fn table(rows: &[CancelRow], repetitions: usize) -> String {
+fn table(rows: &[CancelRow], repetitions: usize) -> String {
     let also = rows.first().map_or(0, |r| r.also.len());
     let mut out = format!(
         "medians of {repetitions} repetitions; a ratio is the median of each repetition's ratio \
@@ -414,13 +413,6 @@ pub fn table(rows: &[CancelRow], repetitions: usize) -> String {
 mod tests {
     use super::*;
     use crate::goals::{all_met, judge};
-
-    #[test]
-    fn medians_of_odd_and_even_counts() {
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
-        assert!(median(Vec::new()).is_nan());
-    }
 
     #[test]
     fn a_ratio_is_the_median_of_each_repetitions_ratio_to_the_bare_update() {

@@ -9,17 +9,16 @@
 //! flight until every batch is done; the orders a second, the medians over
 //! the repetitions (which configuration goes first rotates).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use anyhow::{Context, ensure};
 use chrono::{DateTime, TimeDelta, Utc};
-use order_expiry::service::{PgOrderStore, PooledClient};
+use order_expiry::service::PgOrderStore;
 use order_expiry_testkit::World;
-use tokio_postgres::Statement;
 
-use super::{CancelArgs, median, overdue};
+use super::{CancelArgs, Lane, overdue};
+use crate::median;
 
 /// How the statements in flight reach the database.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,11 +69,6 @@ pub async fn run(world: &World, args: &CancelArgs) -> anyhow::Result<Vec<SlotsRo
         for c in 0..configs.len() {
             sets.push(overdue(world, &format!("s{rep}-c{c}"), args.orders, due_at).await?);
         }
-        store
-            .client()
-            .await?
-            .batch_execute("ANALYZE orders")
-            .await?;
         for turn in 0..configs.len() {
             let c = (turn + rep) % configs.len();
             let (batch, slots, way) = configs[c];
@@ -94,7 +88,7 @@ pub async fn run(world: &World, args: &CancelArgs) -> anyhow::Result<Vec<SlotsRo
             .iter()
             .position(|&x| x == (b, s, w))
             .expect("measured");
-        median(rates[c].clone())
+        median(&rates[c])
     };
     Ok(args
         .batch_sizes
@@ -124,21 +118,18 @@ async fn cancel_all(
         Way::Connections => slots,
         Way::Pipelined => 1,
     };
-    let mut clients: Vec<Arc<(PooledClient, Statement)>> = Vec::with_capacity(connections);
+    let statements = [("cancel_sql".to_owned(), sql.to_owned())];
+    let mut lanes = Vec::with_capacity(connections);
     for _ in 0..connections {
-        let client = store.client().await?;
-        let statement = client.prepare(sql).await.context("preparing cancel_sql")?;
-        clients.push(Arc::new((client, statement)));
+        lanes.push(Lane::prepare(store, &statements).await?);
     }
     let chunks: Vec<&[String]> = ids.chunks(batch).collect();
     let next = AtomicUsize::new(0);
     let due_at = Utc::now() - TimeDelta::seconds(1);
     let started = Instant::now();
     let slots_done = (0..slots).map(|s| {
-        let lane = Arc::clone(&clients[s % connections]);
-        let (chunks, next) = (&chunks, &next);
+        let (lane, chunks, next) = (&lanes[s % connections], &chunks, &next);
         async move {
-            let (client, statement) = &*lane;
             let mut cancelled = 0;
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
@@ -147,17 +138,17 @@ async fn cancel_all(
                 };
                 let ids: Vec<&str> = chunk.iter().map(String::as_str).collect();
                 let due: Vec<DateTime<Utc>> = vec![due_at; ids.len()];
-                cancelled += client.query(statement, &[&ids, &due]).await?.len();
+                cancelled += lane.cancel(0, &ids, &due).await?;
             }
         }
     });
-    let cancelled: usize = futures::future::try_join_all(slots_done)
+    let cancelled: u64 = futures::future::try_join_all(slots_done)
         .await?
         .iter()
         .sum();
     let took = started.elapsed().as_secs_f64();
     ensure!(
-        cancelled == ids.len(),
+        cancelled == ids.len() as u64,
         "cancelled {cancelled} of {} orders",
         ids.len()
     );

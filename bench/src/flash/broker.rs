@@ -2,6 +2,7 @@
 //! one that listens on the broker URL's port (found through `/proc/net/tcp*`
 //! and the processes' socket descriptors), and its version.
 
+use lapin::uri::AMQPUri;
 use order_expiry::Settings;
 use order_expiry_testkit::procfs;
 use secrecy::ExposeSecret;
@@ -36,27 +37,16 @@ impl Broker {
 /// The port of the first `amqp://` or `amqps://` URL (5672 or 5671 unless given).
 fn amqp_port(urls: &str) -> u16 {
     let first = urls.split(',').next().unwrap_or("").trim();
-    let tls = first.starts_with("amqps://");
-    let authority = first.split("://").nth(1).unwrap_or("").split('/').next();
-    let host = authority.unwrap_or("").rsplit('@').next().unwrap_or("");
-    host.rsplit_once(':')
-        .and_then(|(_, port)| port.parse().ok())
-        .unwrap_or(if tls { 5671 } else { 5672 })
+    first
+        .parse::<AMQPUri>()
+        .map_or(5672, |uri| uri.authority.port)
 }
 
 /// The `beam.smp` owning a socket that listens on `port`; the only
 /// `beam.smp` when no socket matches (descriptors unreadable).
 fn listening_beam(port: u16) -> Option<u32> {
     let inodes = listening_inodes(port);
-    let beams: Vec<u32> = std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                .is_ok_and(|c| c.trim_end() == "beam.smp")
-        })
-        .collect();
+    let beams = crate::pids_named("beam.smp");
     let owns = |pid: &u32| {
         std::fs::read_dir(format!("/proc/{pid}/fd"))
             .into_iter()

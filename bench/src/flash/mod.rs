@@ -28,7 +28,7 @@
 //! database; who cancelled (the ladder or the sweeper), the messages per order
 //! and serve's peak RSS come from serve's `/metrics` and `/proc`, the broker's
 //! CPU from its `beam.smp` in `/proc`. The bundles-on runs are judged by the
-//! goals of [`Bench::Flash`]; the run exits non-zero when one is missed.
+//! goals of [`crate::goals::Bench::Flash`]; the run exits non-zero when one is missed.
 
 mod broker;
 mod paths;
@@ -48,10 +48,9 @@ use order_expiry_testkit::World;
 use secrecy::SecretString;
 use serde::Serialize;
 
-use crate::goals::{self, Bench};
+use crate::Judged;
 
 pub use self::report::{Report, Row};
-pub use self::table::table;
 
 /// Arguments of `flash`.
 #[derive(Debug, Clone, Args)]
@@ -168,7 +167,7 @@ pub(crate) const NO_BUNDLES_ENV: (&str, &str) = ("ORDER_EXPIRY__PUBLISHER__BUNDL
 /// flash.json and flash.svg, and judges the bundles-on runs.
 pub async fn run(settings: &Settings, args: &FlashArgs) -> anyhow::Result<()> {
     let report = measure(settings, args).await?;
-    println!("{}", table(&report));
+    println!("{}", report.table());
     let caption = format!(
         "Flash sale: {} orders within {:.0} s, due {:.0} s later, sweeper {} (RabbitMQ {})",
         report.orders,
@@ -186,8 +185,7 @@ pub async fn run(settings: &Settings, args: &FlashArgs) -> anyhow::Result<()> {
              its runs are reported, not judged, and the run exits 0 by design"
         );
     }
-    let verdicts = goals::judge(Bench::Flash, &report.measurements(), false);
-    crate::finish(&verdicts)
+    crate::conclude(&report)
 }
 
 /// Runs the sale once per path and bundles setting, each in a world of its
@@ -207,11 +205,10 @@ pub async fn measure(settings: &Settings, args: &FlashArgs) -> anyhow::Result<Re
             if !args.quiet {
                 eprintln!("flash: {label}: {} orders", args.orders);
             }
-            let builder = World::builder().settings(settings.clone());
             let run = async |world: &World| {
                 run::run_once(world, args, *path, *bundled, &binary, &broker).await
             };
-            let row = builder.kind("bench-flash").run(run).await;
+            let row = crate::world(&settings, "bench-flash").run(run).await;
             let row = row.with_context(|| label.clone())?;
             if !args.quiet {
                 eprintln!("{}", table::row_line(&row));

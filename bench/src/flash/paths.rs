@@ -9,9 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use chrono::SecondsFormat;
-use lapin::options::QueueDeclareOptions;
-use lapin::types::FieldTable;
-use order_expiry::{Scheduler, Settings, topology::Topology};
+use order_expiry::{Scheduler, Settings};
 use order_expiry_testkit::{World, connect_database, settings_env};
 use secrecy::ExposeSecret;
 use tokio::io::{AsyncWriteExt, BufWriter};
@@ -22,24 +20,6 @@ use super::plan::Plan;
 
 /// Orders (and outbox rows) per transaction on the outbox path.
 const OUTBOX_TX: usize = 2_000;
-/// Orders per INSERT when they are inserted before scheduling.
-const INSERT_CHUNK: usize = 10_000;
-
-/// Inserts every order of the plan, unpaid, `pay_deadline` = `due_at`, and
-/// refreshes the planner's statistics so the cancels use the primary key.
-pub(super) async fn insert(world: &World, plan: &Plan) -> anyhow::Result<()> {
-    let orders: Vec<_> = plan.all().collect();
-    for chunk in orders.chunks(INSERT_CHUNK) {
-        world.insert_orders(chunk).await?;
-    }
-    world
-        .store
-        .client()
-        .await?
-        .batch_execute("ANALYZE orders")
-        .await?;
-    Ok(())
-}
 
 /// The library path: one `Scheduler` for every call. With `callers` 0, each
 /// order is scheduled by a task of its own started at its creation time (an
@@ -202,47 +182,15 @@ pub(super) async fn outbox(
     }
 }
 
-/// Waits until no order is unpaid, or `deadline`; the unpaid ones left.
-pub(super) async fn wait_settled(world: &World, deadline: Instant) -> anyhow::Result<i64> {
+/// Waits until the ladder and the due queue hold no message ready (every
+/// message of the run delivered, so the broker's work for the sale is done
+/// even when the sweeper cancelled the orders first), or `deadline`; the
+/// messages left.
+pub(super) async fn wait_drained(world: &World, deadline: Instant) -> u32 {
     loop {
-        let unpaid = world.count_orders("unpaid").await?;
-        if unpaid == 0 || Instant::now() > deadline {
-            return Ok(unpaid);
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-/// Waits until the ladder and the due queue of `settings` hold no message
-/// ready (every message of the run delivered, so the broker's work for the
-/// sale is done even when the sweeper cancelled the orders first), or
-/// `deadline`; the messages left.
-pub(super) async fn wait_drained(
-    world: &World,
-    settings: &Settings,
-    deadline: Instant,
-) -> anyhow::Result<u64> {
-    let ladder = settings.ladder()?;
-    let parked = ladder.parked_queue();
-    let topology = Topology::describe(&ladder, &settings.topology);
-    let queues: Vec<&str> = topology.queue_names().filter(|q| *q != parked).collect();
-    let passive = QueueDeclareOptions {
-        passive: true,
-        ..QueueDeclareOptions::default()
-    };
-    loop {
-        let channel = world.channel().await;
-        let mut left = 0u64;
-        for queue in &queues {
-            let declared = channel.queue_declare((*queue).into(), passive, FieldTable::default());
-            let depth = tokio::time::timeout(Duration::from_secs(10), declared)
-                .await
-                .with_context(|| format!("no answer for queue {queue}"))?
-                .with_context(|| format!("queue {queue}"))?;
-            left += u64::from(depth.message_count());
-        }
+        let left = world.ladder_depth(None).await;
         if left == 0 || Instant::now() > deadline {
-            return Ok(left);
+            return left;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }

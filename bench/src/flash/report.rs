@@ -8,11 +8,12 @@ use serde::Serialize;
 
 use super::broker::Broker;
 use super::{FlashArgs, Switch};
+use crate::Judged;
 use crate::cdf::{Curve, Distribution};
-use crate::goals::Measurement;
+use crate::goals::{Bench, Measurement};
 
 /// One run's figures.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Row {
     /// `library`, `cli` or `outbox`.
     pub path: String,
@@ -69,20 +70,10 @@ impl Row {
             path: path.to_owned(),
             bundles,
             orders,
-            scheduled_secs: 0.0,
-            schedule_rate: 0.0,
-            by_ladder: 0.0,
-            swept: 0.0,
             lost,
             lateness: Distribution::of(lateness_ms),
             messages_per_order: 1.0,
-            bundle_metric: false,
-            broker_cpu_per_1000_s: None,
-            serve_peak_rss_mb: 0.0,
-            arrived_late: 0.0,
-            arrived_over_100ms: 0.0,
-            batch_mean_orders: 0.0,
-            statement_us_per_order: 0.0,
+            ..Self::default()
         }
     }
 
@@ -132,7 +123,7 @@ impl Row {
 }
 
 /// The benchmark's result.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Report {
     /// When it started (UTC).
     pub started: String,
@@ -183,10 +174,20 @@ impl Report {
             rows: Vec::new(),
         }
     }
+}
+
+impl Judged for Report {
+    fn bench(&self) -> Bench {
+        Bench::Flash
+    }
+
+    fn table(&self) -> String {
+        super::table::table(self)
+    }
 
     /// The bundles-on runs' figures, named as the goals' measures
     /// (`<path>: swept` ...); bundles-off runs are reported, not judged.
-    pub fn measurements(&self) -> Vec<Measurement> {
+    fn measurements(&self) -> Vec<Measurement> {
         let mut out = Vec::new();
         for row in self.rows.iter().filter(|r| r.bundles) {
             let (p, l) = (&row.path, &row.lateness);
@@ -205,8 +206,7 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::flash::table;
-    use crate::goals::{Bench, all_met, judge};
+    use crate::goals::{all_met, judge};
 
     fn row(path: &str, bundles: bool, lateness: Vec<f64>, lost: usize, swept: f64) -> Row {
         let mut r = Row::from_lateness(path, bundles, lateness.len() + lost, lost, lateness);
@@ -216,20 +216,8 @@ mod tests {
 
     fn report(rows: Vec<Row>) -> Report {
         Report {
-            started: "2026-12-02 00:00 UTC".into(),
-            command: "order-expiry-bench flash".into(),
-            broker: "amqp://127.0.0.1:5672/flashbench".into(),
-            broker_version: "3.10.8".into(),
-            broker_pid: None,
-            orders: 10,
-            within_s: 10.0,
-            window_s: 25.0,
-            sweeper: true,
-            queue_type: "quorum".into(),
-            max_in_flight: 50,
-            prefetch: 5000,
-            cores: 2,
             rows,
+            ..Report::default()
         }
     }
 
@@ -250,7 +238,7 @@ mod tests {
             all_met(&verdicts),
             "the bundles-off run is not judged: {verdicts:?}"
         );
-        assert!(table(&report(on_time)).contains("| library |"));
+        assert!(report(on_time).table().contains("| library |"));
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use order_expiry::Settings;
-use order_expiry_testkit::{World, free_port};
+use order_expiry_testkit::World;
 use tokio::time::Instant;
 
 use super::broker::Broker;
@@ -45,11 +45,9 @@ pub(super) async fn run_once(
     binary: &Path,
     broker: &Broker,
 ) -> anyhow::Result<Row> {
-    let port = free_port();
     let mut settings = world.settings.clone();
-    settings.http.listen = format!("127.0.0.1:{port}");
     mark_who_cancels(world, &mut settings).await?;
-    let served = serve::Serve::start(binary, &settings, bundled, port).await?;
+    let served = serve::Serve::start(binary, &settings, bundled).await?;
     let plan = Plan::new(args.orders, args.within, args.window)?;
     let say = |what: String| {
         if !args.quiet {
@@ -57,7 +55,8 @@ pub(super) async fn run_once(
         }
     };
     if path != SalePath::Outbox {
-        paths::insert(world, &plan).await?;
+        // Unpaid, `pay_deadline` = `due_at`.
+        crate::insert_unpaid(world, &plan.all().collect::<Vec<_>>()).await?;
         say(format!(
             "inserted {} orders in {:.1} s",
             plan.orders,
@@ -82,9 +81,9 @@ pub(super) async fn run_once(
         plan.orders as f64 / scheduled
     ));
     let deadline = plan.last_due().max(Instant::now()) + args.settle;
-    let unpaid = paths::wait_settled(world, deadline).await?;
+    let unpaid = crate::wait_settled(world, deadline, |_| ()).await?;
     let deadline = deadline.max(Instant::now() + Duration::from_secs(30));
-    let undelivered = paths::wait_drained(world, &settings, deadline).await?;
+    let undelivered = paths::wait_drained(world, deadline).await;
     let broker_cpu = broker.cpu_seconds().zip(broker_before).map(|(a, b)| a - b);
     let metrics = served.metrics().await;
     let peak_rss = served.peak_rss();

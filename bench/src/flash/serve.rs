@@ -2,7 +2,6 @@
 //! the run's bundles setting, watched for its peak RSS, read through its
 //! `/metrics`, stopped with SIGTERM.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,8 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use order_expiry::Settings;
-use order_expiry_testkit::{Child, Launch, http_get, metric_value, procfs};
-use tokio::time::Instant;
+use order_expiry_testkit::{Served, metric_value, procfs};
 use tokio_util::sync::CancellationToken;
 
 use super::NO_BUNDLES_ENV;
@@ -41,8 +39,7 @@ pub(crate) fn binary(given: Option<&Path>) -> anyhow::Result<PathBuf> {
 /// A running serve; killed when dropped.
 #[derive(Debug)]
 pub(super) struct Serve {
-    child: Child,
-    addr: SocketAddr,
+    served: Served,
     peak_rss: Arc<AtomicU64>,
     watching: CancellationToken,
 }
@@ -113,45 +110,33 @@ impl Metrics {
 }
 
 impl Serve {
-    /// Starts `binary serve` with `settings` (their `http.listen` on `port`),
-    /// bundles off unless `bundled`, and waits until `/readyz` says 200.
+    /// Starts `binary serve` with `settings`, bundles off unless `bundled`,
+    /// and waits until `/readyz` says 200.
     pub(super) async fn start(
         binary: &Path,
         settings: &Settings,
         bundled: bool,
-        port: u16,
     ) -> anyhow::Result<Self> {
         let log = std::env::temp_dir().join(format!(
             "order-expiry-bench-flash-serve-{}.log",
             uuid::Uuid::new_v4().simple()
         ));
-        let mut launch = Launch::new(binary, log)
-            .args(["serve"])
-            .settings(settings)
-            // The production default: spans and logs as in a deployment.
-            .env("ORDER_EXPIRY__LOG__FILTER", "info");
+        // The production default: spans and logs as in a deployment.
+        let mut env = vec![("ORDER_EXPIRY__LOG__FILTER", "info")];
         if !bundled {
-            launch = launch.env(NO_BUNDLES_ENV.0, NO_BUNDLES_ENV.1);
+            env.push(NO_BUNDLES_ENV);
         }
-        let mut child = launch.spawn().context("starting order-expiry serve")?;
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !matches!(http_get(addr, "/readyz").await, Some((200, _))) {
-            if !child.running() || Instant::now() > deadline {
-                bail!("serve was not ready within 30 s: {}", child.log_tail(10));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let served = Served::start(binary, settings, &env, log).await;
+        served.wait_ready(Duration::from_secs(30)).await;
         let peak_rss = Arc::new(AtomicU64::new(0));
         let watching = CancellationToken::new();
         tokio::spawn(watch_rss(
-            child.pid().to_string(),
+            served.pid().to_string(),
             Arc::clone(&peak_rss),
             watching.clone(),
         ));
         Ok(Self {
-            child,
-            addr,
+            served,
             peak_rss,
             watching,
         })
@@ -159,26 +144,30 @@ impl Serve {
 
     /// Its `/metrics` now.
     pub(super) async fn metrics(&self) -> anyhow::Result<Metrics> {
-        match http_get(self.addr, "/metrics").await {
+        match self.served.get("/metrics").await {
             Some((200, text)) => Ok(Metrics::parse(&text)),
             other => bail!(
                 "/metrics of serve answered {:?}: {}",
                 other.map(|(status, _)| status),
-                self.child.log_tail(10)
+                self.served.log_tail(10)
             ),
         }
     }
 
     /// Its peak RSS so far, bytes (`VmHWM`, or the largest `VmRSS` seen).
     pub(super) fn peak_rss(&self) -> u64 {
-        let now = procfs::memory(&self.child.pid().to_string()).map_or(0, |m| m.peak.max(m.rss));
+        let now = procfs::memory(&self.served.pid().to_string()).map_or(0, |m| m.peak.max(m.rss));
         self.peak_rss.fetch_max(now, Ordering::Relaxed).max(now)
     }
 
     /// SIGTERM, and a clean exit within 30 s.
-    pub(super) async fn stop(self) -> anyhow::Result<()> {
+    pub(super) async fn stop(mut self) -> anyhow::Result<()> {
         self.watching.cancel();
-        self.child.stop(Duration::from_secs(30)).await
+        self.served.signal("-TERM");
+        match self.served.wait_exit(Duration::from_secs(30)).await {
+            Some(status) if status.success() => Ok(std::fs::remove_file(self.served.log_path())?),
+            status => bail!("serve exited {status:?}: {}", self.served.log_tail(10)),
+        }
     }
 }
 

@@ -61,7 +61,7 @@ pub(super) fn row_line(r: &Row) -> String {
 }
 
 /// The figures as a text table (Markdown).
-pub fn table(report: &Report) -> String {
+pub(super) fn table(report: &Report) -> String {
     let mut out = format!(
         "flash sale on {} (RabbitMQ {}), started {}: {} orders created within {:.0} s, payment window {:.0} s, \
          sweeper {}, {} holding queues, max_in_flight {}, prefetch {}, {} cores\n",

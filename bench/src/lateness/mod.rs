@@ -12,7 +12,7 @@
 //! through the same `Scheduler` from ten concurrent callers, with their own
 //! delays (1-15 s by default). Their lateness is a row of its own.
 //!
-//! The run is judged by the goals of [`goals::Bench::Lateness`] (or `Burst`
+//! The run is judged by the goals of [`crate::goals::Bench::Lateness`] (or `Burst`
 //! with a sale): never early, none missed, and the lateness bounds; it exits
 //! non-zero when one is missed.
 
@@ -40,9 +40,9 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio_util::sync::CancellationToken;
 use tokio_util::time::DelayQueue;
 
-use crate::goals;
+use crate::Judged;
 
-pub use self::report::{LATE_MS, LateOrder, Report, Row, table};
+pub use self::report::{LATE_MS, LateOrder, Report, Row};
 pub use self::stalls::{Stall, Stalls};
 
 /// Arguments of `lateness`.
@@ -89,6 +89,9 @@ pub struct LatenessArgs {
     pub burst_max_delay: Duration,
 }
 
+/// Where orders go to be paid after a while ([`pay_orders`]).
+type Payments = UnboundedSender<(Duration, String)>;
+
 /// One order of the plan.
 struct Planned {
     index: usize,
@@ -99,7 +102,7 @@ struct Planned {
 /// Runs the benchmark and writes its report files.
 pub async fn run(settings: &Settings, args: &LatenessArgs) -> anyhow::Result<()> {
     let report = measure(settings, args).await?;
-    println!("{}", table(&report));
+    println!("{}", report.table());
     let mut caption = format!(
         "Lateness of cancels, {} orders/s, delays {:.0}-{:.0} s ({} holding queues)",
         report.rate, report.min_delay_s, report.max_delay_s, report.queue_type
@@ -110,17 +113,13 @@ pub async fn run(settings: &Settings, args: &LatenessArgs) -> anyhow::Result<()>
     let curves: Vec<_> = report.rows.iter().map(report::Row::curve).collect();
     let (json, svg) = crate::cdf::write(&args.out_dir, "lateness", &report, &caption, &curves)?;
     println!("wrote {} and {}", json.display(), svg.display());
-    let verdicts = goals::judge(report.bench(), &report.measurements(), false);
-    crate::finish(&verdicts)
+    crate::conclude(&report)
 }
 
 /// Runs the orders through both designs, in a world of their own based on
 /// `settings` (prefix `bench-lat-<id>`), and reads the lateness back.
 pub async fn measure(settings: &Settings, args: &LatenessArgs) -> anyhow::Result<Report> {
-    let builder = World::builder()
-        .settings(settings.clone())
-        .kind("bench-lat");
-    builder
+    crate::world(settings, "bench-lat")
         .run(async |world| {
             let naive = (!args.no_naive).then(|| naive::settings(&world.settings));
             let result = measure_in(world, naive.as_ref(), args).await;
@@ -178,8 +177,11 @@ async fn measure_in(
     scheduler.close().await;
     let scheduled = steady.and(burst);
     if scheduled.is_ok() {
-        let longest = args.max_delay.max(args.burst_max_delay);
-        wait_settled(world, total, longest, &progress).await?;
+        // Every order settled (paid or cancelled), or the longest delay and 90 s.
+        let longest = args.max_delay.max(args.burst_max_delay) + Duration::from_secs(90);
+        let settled =
+            |unpaid: i64| progress.set_position(total.saturating_sub(unpaid as usize) as u64);
+        crate::wait_settled(world, tokio::time::Instant::now() + longest, settled).await?;
     }
     progress.finish_and_clear();
     stop.cancel();
@@ -222,7 +224,7 @@ async fn schedule_all(
     naive: Option<&Settings>,
     plan: &[Planned],
     rate: u32,
-    pay: UnboundedSender<(Duration, String)>,
+    pay: Payments,
     progress: &ProgressBar,
 ) -> anyhow::Result<()> {
     let naive_channel = world.open_channel().await;
@@ -264,7 +266,7 @@ async fn schedule_burst(
     scheduler: &Arc<Scheduler>,
     plan: &[Planned],
     args: &LatenessArgs,
-    pay: UnboundedSender<(Duration, String)>,
+    pay: Payments,
 ) -> anyhow::Result<()> {
     if plan.is_empty() {
         return Ok(());
@@ -275,22 +277,7 @@ async fn schedule_burst(
     let mut callers = Vec::new();
     for slice in plan.chunks(plan.len().div_ceil(SLICES)) {
         tick.tick().await;
-        let now = Utc::now();
-        let orders = slice
-            .iter()
-            .map(|p| {
-                Ok((
-                    format!("B-{}", p.index),
-                    now + TimeDelta::from_std(p.delay)?,
-                ))
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        world.insert_orders(&orders).await?;
-        for p in slice {
-            if let Some(after) = p.pay_after {
-                let _ = pay.send((after, format!("B-{}", p.index)));
-            }
-        }
+        let orders = insert(world, "B", Utc::now(), slice, &pay).await?;
         let scheduler = Arc::clone(scheduler);
         callers.push(tokio::spawn(async move {
             scheduler.schedule_many(orders).await
@@ -304,63 +291,51 @@ async fn schedule_burst(
     Ok(())
 }
 
+/// Inserts `<prefix>-<i>` of each planned order, due its delay after `now`,
+/// then hands its payment to the payer; the orders.
+async fn insert(
+    world: &World,
+    prefix: &str,
+    now: DateTime<Utc>,
+    plan: &[Planned],
+    pay: &Payments,
+) -> anyhow::Result<Vec<(String, DateTime<Utc>)>> {
+    let id = |p: &Planned| format!("{prefix}-{}", p.index);
+    let orders = plan
+        .iter()
+        .map(|p| Ok((id(p), now + TimeDelta::from_std(p.delay)?)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    world.insert_orders(&orders).await?;
+    for p in plan {
+        if let Some(after) = p.pay_after {
+            let _ = pay.send((after, id(p)));
+        }
+    }
+    Ok(orders)
+}
+
 async fn schedule_batch(
     world: &World,
     scheduler: &Scheduler,
     naive: Option<(&Settings, &Channel)>,
     batch: &[Planned],
-    pay: &UnboundedSender<(Duration, String)>,
+    pay: &Payments,
 ) -> anyhow::Result<()> {
     let now = Utc::now();
-    let due =
-        |p: &Planned| -> anyhow::Result<DateTime<Utc>> { Ok(now + TimeDelta::from_std(p.delay)?) };
-    let mut ladder = Vec::with_capacity(batch.len());
-    let mut naive_orders = Vec::new();
-    for p in batch {
-        ladder.push((format!("L-{}", p.index), due(p)?));
-        if naive.is_some() {
-            naive_orders.push((format!("N-{}", p.index), due(p)?));
-        }
-    }
-    world
-        .insert_orders(&[ladder.clone(), naive_orders.clone()].concat())
-        .await?;
-    for p in batch {
-        if let Some(after) = p.pay_after {
-            let _ = pay.send((after, format!("L-{}", p.index)));
-            if naive.is_some() {
-                let _ = pay.send((after, format!("N-{}", p.index)));
-            }
-        }
-    }
+    let ladder = insert(world, "L", now, batch, pay).await?;
+    let naive_orders = match naive {
+        Some(_) => insert(world, "N", now, batch, pay).await?,
+        None => Vec::new(),
+    };
     for result in scheduler.schedule_many(ladder).await {
         result.context("scheduling on the ladder")?;
     }
     if let Some((settings, channel)) = naive {
-        for (id, due_at) in &naive_orders {
-            naive::publish(channel, settings, id, *due_at).await?;
+        for (id, due_at) in naive_orders {
+            naive::publish(channel, settings, &id, due_at).await?;
         }
     }
     Ok(())
-}
-
-/// Waits until every order is settled (paid, or cancelled), or the longest
-/// delay plus 90 s has passed.
-async fn wait_settled(
-    world: &World,
-    total: usize,
-    max_delay: Duration,
-    progress: &ProgressBar,
-) -> anyhow::Result<()> {
-    let deadline = tokio::time::Instant::now() + max_delay + Duration::from_secs(90);
-    loop {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let unsettled = world.count_orders("unpaid").await?;
-        progress.set_position(total.saturating_sub(unsettled as usize) as u64);
-        if unsettled == 0 || tokio::time::Instant::now() > deadline {
-            return Ok(());
-        }
-    }
 }
 
 fn plan(count: usize, min: Duration, max: Duration, pay_share: f64) -> Vec<Planned> {

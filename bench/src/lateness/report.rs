@@ -5,6 +5,7 @@ use order_expiry_testkit::World;
 use serde::Serialize;
 
 use super::stalls::Stalls;
+use crate::Judged;
 use crate::cdf::{Curve, Distribution};
 use crate::fmt_ms;
 use crate::goals::{Bench, Measurement};
@@ -40,7 +41,7 @@ pub struct LateOrder {
 }
 
 /// The benchmark's result.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Report {
     /// One row per design.
     pub rows: Vec<Row>,
@@ -148,10 +149,10 @@ impl Row {
     }
 }
 
-impl Report {
+impl Judged for Report {
     /// Whose goals the run is judged by: the flash sale's with a burst, else
     /// the steady stream's.
-    pub fn bench(&self) -> Bench {
+    fn bench(&self) -> Bench {
         if self.burst > 0 {
             Bench::Burst
         } else {
@@ -162,7 +163,7 @@ impl Report {
     /// The ladder's figures, named as the goals' measures: `ladder: …` for
     /// the steady stream alone, `steady stream: …` and `flash sale: …` beside
     /// a sale. The naive design has no goal.
-    pub fn measurements(&self) -> Vec<Measurement> {
+    fn measurements(&self) -> Vec<Measurement> {
         let mut out = Vec::new();
         for row in &self.rows {
             let l = &row.lateness;
@@ -181,70 +182,70 @@ impl Report {
         }
         out
     }
-}
 
-/// The figures as a text table.
-pub fn table(report: &Report) -> String {
-    let mut out = format!(
-        "lateness of cancels: {} orders/s for {:.0} s, delays {:.0}-{:.0} s, {:.0}% paid before due, {} holding queues\n",
-        report.rate,
-        report.duration_s,
-        report.min_delay_s,
-        report.max_delay_s,
-        report.pay_share * 100.0,
-        report.queue_type
-    );
-    if report.burst > 0 {
-        out.push_str(&format!(
-            "flash sale: {} more orders placed within {:.1} s, delays {:.0}-{:.0} s; publisher.max_in_flight {}\n",
-            report.burst,
-            report.burst_over_s,
-            report.burst_min_delay_s,
-            report.burst_max_delay_s,
-            report.max_in_flight
-        ));
-    }
-    out.push_str(&format!(
-        "{:<18} {:>7} {:>9} {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
-        "design", "orders", "cancelled", "missed", "early", "p50", "p90", "p99", "p99.9", "max"
-    ));
-    for r in &report.rows {
-        let l = &r.lateness;
-        out.push_str(&format!(
-            "{:<18} {:>7} {:>9} {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
-            r.design,
-            r.orders,
-            l.cancelled,
-            r.missed,
-            l.early,
-            fmt_ms(l.p50_ms),
-            fmt_ms(l.p90_ms),
-            fmt_ms(l.p99_ms),
-            fmt_ms(l.p999_ms),
-            fmt_ms(l.max_ms)
-        ));
-    }
-    // The first dozen seconds: enough to tell a moment's stall from a run late
-    // all along.
-    const SHOWN: usize = 12;
-    for r in &report.rows {
-        let late = r.late_by_second();
-        if !late.is_empty() {
-            let more = match late.len().saturating_sub(SHOWN) {
-                0 => String::new(),
-                n => format!("; and {n} more seconds"),
-            };
+    /// The figures as a text table.
+    fn table(&self) -> String {
+        let mut out = format!(
+            "lateness of cancels: {} orders/s for {:.0} s, delays {:.0}-{:.0} s, {:.0}% paid before due, {} holding queues\n",
+            self.rate,
+            self.duration_s,
+            self.min_delay_s,
+            self.max_delay_s,
+            self.pay_share * 100.0,
+            self.queue_type
+        );
+        if self.burst > 0 {
             out.push_str(&format!(
-                "{}: {} later than {LATE_MS} ms, by the second due: {}{more}\n",
-                r.design,
-                r.late.len(),
-                late[..late.len().min(SHOWN)].join("; ")
+                "flash sale: {} more orders placed within {:.1} s, delays {:.0}-{:.0} s; publisher.max_in_flight {}\n",
+                self.burst,
+                self.burst_over_s,
+                self.burst_min_delay_s,
+                self.burst_max_delay_s,
+                self.max_in_flight
             ));
         }
+        out.push_str(&format!(
+            "{:<18} {:>7} {:>9} {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+            "design", "orders", "cancelled", "missed", "early", "p50", "p90", "p99", "p99.9", "max"
+        ));
+        for r in &self.rows {
+            let l = &r.lateness;
+            out.push_str(&format!(
+                "{:<18} {:>7} {:>9} {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+                r.design,
+                r.orders,
+                l.cancelled,
+                r.missed,
+                l.early,
+                fmt_ms(l.p50_ms),
+                fmt_ms(l.p90_ms),
+                fmt_ms(l.p99_ms),
+                fmt_ms(l.p999_ms),
+                fmt_ms(l.max_ms)
+            ));
+        }
+        // The first dozen seconds: enough to tell a moment's stall from a run late
+        // all along.
+        const SHOWN: usize = 12;
+        for r in &self.rows {
+            let late = r.late_by_second();
+            if !late.is_empty() {
+                let more = match late.len().saturating_sub(SHOWN) {
+                    0 => String::new(),
+                    n => format!("; and {n} more seconds"),
+                };
+                out.push_str(&format!(
+                    "{}: {} later than {LATE_MS} ms, by the second due: {}{more}\n",
+                    r.design,
+                    r.late.len(),
+                    late[..late.len().min(SHOWN)].join("; ")
+                ));
+            }
+        }
+        out.push_str(&self.stalls.line());
+        out.push('\n');
+        out
     }
-    out.push_str(&report.stalls.line());
-    out.push('\n');
-    out
 }
 
 #[cfg(test)]
@@ -255,18 +256,8 @@ mod tests {
     fn report(burst: usize, rows: Vec<Row>) -> Report {
         Report {
             rows,
-            rate: 200,
-            duration_s: 20.0,
-            min_delay_s: 1.0,
-            max_delay_s: 20.0,
-            pay_share: 0.2,
-            queue_type: "quorum".into(),
-            stalls: Stalls::default(),
             burst,
-            burst_over_s: 1.0,
-            burst_min_delay_s: 1.0,
-            burst_max_delay_s: 15.0,
-            max_in_flight: 50,
+            ..Report::default()
         }
     }
 
@@ -277,19 +268,14 @@ mod tests {
         };
         let mut row = Row::from_lateness("ladder", 10, 0, vec![3.0; 10]);
         assert!(row.late_by_second().is_empty());
+        let late = |due_at, lateness_ms| LateOrder {
+            due_at,
+            lateness_ms,
+        };
         row.late = vec![
-            LateOrder {
-                due_at: at(3, 100),
-                lateness_ms: 1283.5,
-            },
-            LateOrder {
-                due_at: at(3, 900),
-                lateness_ms: 400.0,
-            },
-            LateOrder {
-                due_at: at(5, 0),
-                lateness_ms: 300.0,
-            },
+            late(at(3, 100), 1283.5),
+            late(at(3, 900), 400.0),
+            late(at(5, 0), 300.0),
         ];
         assert_eq!(
             row.late_by_second(),

@@ -15,29 +15,17 @@ pub(super) struct ServiceCpu {
 impl ServiceCpu {
     /// A snapshot now; `client` is this process.
     pub(super) fn now() -> Self {
-        let mut cpu = Self {
+        let sum = |comm, children| -> f64 {
+            let pids = crate::pids_named(comm);
+            pids.iter()
+                .filter_map(|pid| cpu_seconds(&pid.to_string(), children))
+                .sum()
+        };
+        Self {
             client: cpu_seconds("self", false).unwrap_or(0.0),
-            ..Self::default()
-        };
-        let Ok(entries) = std::fs::read_dir("/proc") else {
-            return cpu;
-        };
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let Some(pid) = name
-                .to_str()
-                .filter(|p| p.bytes().all(|b| b.is_ascii_digit()))
-            else {
-                continue;
-            };
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            match comm.trim_end() {
-                "beam.smp" => cpu.broker += cpu_seconds(pid, false).unwrap_or(0.0),
-                "postgres" => cpu.database += cpu_seconds(pid, true).unwrap_or(0.0),
-                _ => {}
-            }
+            broker: sum("beam.smp", false),
+            database: sum("postgres", true),
         }
-        cpu
     }
 
     /// What was used between `self` and `later`.

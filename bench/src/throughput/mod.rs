@@ -36,8 +36,9 @@ use order_expiry::{Settings, settings::QueueType};
 
 use order_expiry_testkit::World;
 
-use self::report::{Row, median};
-use crate::goals::{self, Bench, Measurement};
+use self::report::Row;
+use crate::Judged;
+use crate::goals::{Bench, Measurement};
 
 /// Arguments of `throughput`.
 #[derive(Debug, Args)]
@@ -126,14 +127,18 @@ pub struct Report {
     json: serde_json::Value,
 }
 
-impl Report {
+impl Judged for Report {
+    fn bench(&self) -> Bench {
+        Bench::Throughput
+    }
+
     /// The table: each figure beside its baseline, the ratio and the target.
-    pub fn table(&self) -> String {
+    fn table(&self) -> String {
         report::table(&self.rows)
     }
 
     /// The rows with a goal, named as the goals' measures ([`Bench::Throughput`]).
-    pub fn measurements(&self) -> Vec<Measurement> {
+    fn measurements(&self) -> Vec<Measurement> {
         report::measurements(&self.rows)
     }
 }
@@ -150,11 +155,7 @@ pub async fn run(settings: &Settings, args: &ThroughputArgs) -> anyhow::Result<(
     std::fs::write(&args.json, text + "\n")
         .with_context(|| format!("writing {}", args.json.display()))?;
     eprintln!("wrote {}", args.json.display());
-    crate::finish(&goals::judge(
-        Bench::Throughput,
-        &report.measurements(),
-        false,
-    ))
+    crate::conclude(&report)
 }
 
 /// Measures in a world of its own based on `settings`, removed at the end,
@@ -435,6 +436,6 @@ fn footprint_rows(
         format!("pending_{name}"),
         json!({"samples": samples, "secs": p.secs, "peak_rss": p.peak_rss, "messages": p.messages,
                "queue_memory": p.queue_memory, "broker_rss_growth": p.broker_growth,
-               "median_rss": median(&p.samples.iter().map(|s| s.1 as f64).collect::<Vec<_>>())}),
+               "median_rss": crate::median(&p.samples.iter().map(|s| s.1 as f64).collect::<Vec<_>>())}),
     );
 }

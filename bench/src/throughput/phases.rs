@@ -267,7 +267,7 @@ pub(super) async fn consumer_drain(
 }
 
 /// What scheduling many orders hours ahead cost the publisher and the broker.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(super) struct Pending {
     /// (orders scheduled so far, publisher RSS bytes), through the run.
     pub(super) samples: Vec<(u64, u64)>,
@@ -291,14 +291,7 @@ pub(super) async fn pending(
     let broker_before = setup::broker_memory()?;
     let mut publisher = child::publisher(settings, n, wrap)?;
     let mut lines = publisher.stdout_lines().context("child stdout")?;
-    let mut result = Pending {
-        samples: Vec::new(),
-        peak_rss: 0,
-        secs: 0.0,
-        messages: 0,
-        queue_memory: 0,
-        broker_growth: 0,
-    };
+    let mut result = Pending::default();
     let mut done = false;
     while let Some(line) = lines.next_line().await? {
         let v: Value =

@@ -5,17 +5,7 @@
 use serde_json::{Value, json};
 
 use crate::goals::{self, Bench, Limit, Measurement, number};
-
-/// Median; 0 for none.
-pub(super) fn median(values: &[f64]) -> f64 {
-    let mut sorted: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
-    sorted.sort_by(f64::total_cmp);
-    match sorted.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => sorted[n / 2],
-        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
-    }
-}
+use crate::median;
 
 /// One line of the table.
 #[derive(Debug, Clone)]
@@ -162,10 +152,7 @@ mod tests {
     }
 
     #[test]
-    fn medians_and_same_round_ratios() {
-        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
-        assert_eq!(median(&[]), 0.0);
+    fn ratios_are_medians_of_same_round_ratios() {
         let row = row(
             Some("end to end, quorum: ratio to bare lapin"),
             vec![100.0, 200.0, 100.0],

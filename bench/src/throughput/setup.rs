@@ -14,9 +14,7 @@ use serde_json::Value;
 
 /// The run's world: the schema and the orders table; nothing is declared yet.
 pub(super) fn builder(settings: &Settings) -> WorldBuilder {
-    World::builder()
-        .settings(settings.clone())
-        .kind("bench-tp")
+    crate::world(settings, "bench-tp")
         .declare(false)
         // A queue holding a million messages takes a while to delete.
         .removal_timeout(Duration::from_secs(120))
