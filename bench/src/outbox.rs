@@ -206,11 +206,11 @@ async fn measure_in(world: &World, args: &OutboxArgs) -> anyhow::Result<OutboxRe
         .filter(|s| first_commit.is_some_and(|f| s.committed_at >= f + warm))
         .collect();
     let ms = |d: TimeDelta| d.num_microseconds().unwrap_or(0).max(0) as f64 / 1000.0;
-    let mut commit: Vec<f64> = measured
+    let commit: Vec<f64> = measured
         .iter()
         .filter_map(|s| Some(ms(s.confirmed_at? - s.committed_at)))
         .collect();
-    let mut created: Vec<f64> = measured
+    let created: Vec<f64> = measured
         .iter()
         .filter_map(|s| Some(ms(s.confirmed_at? - s.created_at?)))
         .collect();
@@ -226,10 +226,9 @@ async fn measure_in(world: &World, args: &OutboxArgs) -> anyhow::Result<OutboxRe
         .collect();
     slowest.sort_by(|a, b| b.waited_ms.total_cmp(&a.waited_ms));
     slowest.truncate(SLOWEST);
-    commit.sort_by(f64::total_cmp);
-    created.sort_by(f64::total_cmp);
-    let figures = |v: &[f64]| {
-        [50.0, 90.0, 99.0, 99.9, 100.0].map(|p| (percentile(v, p) * 10.0).round() / 10.0)
+    let figures = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        [50.0, 90.0, 99.0, 99.9, 100.0].map(|p| (percentile(&v, p) * 10.0).round() / 10.0)
     };
     Ok(OutboxReport {
         broker: world.settings.amqp.display_url(),
@@ -238,8 +237,8 @@ async fn measure_in(world: &World, args: &OutboxArgs) -> anyhow::Result<OutboxRe
         relayed: relayed_rows,
         duplicates,
         measured: commit.len(),
-        commit_to_confirm_ms: figures(&commit),
-        created_to_confirm_ms: figures(&created),
+        commit_to_confirm_ms: figures(commit),
+        created_to_confirm_ms: figures(created),
         pending,
         slowest,
         load: (load_start, load_average()),

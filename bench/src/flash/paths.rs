@@ -32,7 +32,10 @@ pub(super) async fn library(
     bundled: bool,
     callers: usize,
 ) -> anyhow::Result<f64> {
-    let settings = library_settings(settings, bundled)?;
+    let mut settings = settings.clone();
+    if !bundled {
+        settings.publisher.bundle_max_orders = 1;
+    }
     let scheduler = Arc::new(Scheduler::from_settings(&settings)?);
     scheduler.connect().await?;
     let start = Instant::now();
@@ -74,16 +77,6 @@ pub(super) async fn library(
     let secs = start.elapsed().as_secs_f64();
     scheduler.close().await;
     result.map(|()| secs)
-}
-
-/// The settings the library path schedules with: bundles off is
-/// `publisher.bundle_max_orders = 1`.
-fn library_settings(settings: &Settings, bundled: bool) -> anyhow::Result<Settings> {
-    let mut settings = settings.clone();
-    if !bundled {
-        settings.publisher.bundle_max_orders = 1;
-    }
-    Ok(settings)
 }
 
 /// The CLI path: every order in one NDJSON stream into `order-expiry

@@ -330,9 +330,9 @@ async fn drain(
             round + 1,
             args.rounds
         );
-        let b = phases::bare_drain(s, d, false).await?;
+        let b = phases::bare_drain(world, s, d, false).await?;
         let o = phases::consumer_drain(world, s, d, wrap).await?;
-        let m = phases::bare_drain(s, d, true).await?;
+        let m = phases::bare_drain(world, s, d, true).await?;
         progress("drain, bare consume-and-ack", &b, d);
         progress("drain, order-expiry serve", &o.timed, d);
         progress("drain, bare, multiple acks", &m, d);

@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use chrono::{TimeDelta, Utc};
-use lapin::options::QueueDeclareOptions;
-use lapin::types::{FieldTable, ShortString};
+use lapin::types::ShortString;
 use secrecy::ExposeSecret;
 use serde_json::{Value, json};
 use tokio::time::Instant;
@@ -155,7 +154,12 @@ pub(super) async fn schedule_many(settings: &Settings, n: usize) -> anyhow::Resu
 }
 
 /// Puts `n` due messages for orders `tag-1..=n` into the due queue.
-pub(super) async fn preload_due(settings: &Settings, tag: &str, n: usize) -> anyhow::Result<()> {
+pub(super) async fn preload_due(
+    world: &World,
+    settings: &Settings,
+    tag: &str,
+    n: usize,
+) -> anyhow::Result<()> {
     let ladder = settings.ladder()?;
     let route = ladder.route(0)?;
     let (exchange, key) = (
@@ -169,20 +173,9 @@ pub(super) async fn preload_due(settings: &Settings, tag: &str, n: usize) -> any
     let (connection, channel) = open(settings, "bench preload", true).await?;
     let outgoing = bodies.iter().map(|b| (&exchange, &key, b.as_slice()));
     let published = bare::publish(&channel, outgoing, 2000).await;
-    let depth = channel
-        .queue_declare(
-            ladder.due_queue().as_str().into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .map(|q| q.message_count());
     let _ = connection.close(200, "done".into()).await;
     published?;
-    let depth = depth?;
+    let depth = world.depth(&ladder.due_queue()).await;
     if depth as usize != n {
         bail!("due queue holds {depth} messages after preloading {n}");
     }
@@ -192,11 +185,12 @@ pub(super) async fn preload_due(settings: &Settings, tag: &str, n: usize) -> any
 /// Bare drain of `n` preloaded due messages: consume and ack, each singly or with
 /// one `multiple` ack per `batch_max` (what the consumer sends when nothing is held).
 pub(super) async fn bare_drain(
+    world: &World,
     settings: &Settings,
     n: usize,
     multiple: bool,
 ) -> anyhow::Result<Timed> {
-    preload_due(settings, "x", n).await?;
+    preload_due(world, settings, "x", n).await?;
     timed(async {
         let start = Instant::now();
         let (connection, channel) = open(settings, "bench bare drain", false).await?;
@@ -228,7 +222,7 @@ pub(super) async fn consumer_drain(
     wrap: Option<&str>,
 ) -> anyhow::Result<ConsumerDrain> {
     setup::seed_orders(world, "d", n).await?;
-    preload_due(settings, "d", n).await?;
+    preload_due(world, settings, "d", n).await?;
     let port = free_port();
     let mut s = settings.clone();
     s.http.listen = format!("127.0.0.1:{port}");

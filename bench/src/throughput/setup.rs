@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use lapin::options::{QueueDeleteOptions, QueuePurgeOptions};
+use lapin::options::QueuePurgeOptions;
 use order_expiry::{Settings, settings::QueueType, topology::Topology};
-use order_expiry_testkit::{World, WorldBuilder};
+use order_expiry_testkit::{World, WorldBuilder, remove_topology};
 use secrecy::ExposeSecret;
 use serde_json::Value;
 
@@ -45,18 +45,13 @@ pub(super) async fn purge(world: &World, settings: &Settings) -> anyhow::Result<
     Ok(())
 }
 
-/// Deletes the queues of `settings`' topology (a million pending messages go
-/// with them) so the next measurement starts from an empty broker.
+/// Deletes the queues (a million pending messages go with them) and
+/// exchanges of `settings`' topology, so the next measurement starts from an
+/// empty broker.
 pub(super) async fn delete_queues(world: &World, settings: &Settings) -> anyhow::Result<()> {
-    let channel = world.channel().await;
     let topology = Topology::describe(&settings.ladder()?, &settings.topology);
-    for queue in topology.queue_names() {
-        let deleting = channel.queue_delete(queue.into(), QueueDeleteOptions::default());
-        tokio::time::timeout(Duration::from_secs(120), deleting)
-            .await
-            .with_context(|| format!("deleting {queue} timed out"))?
-            .with_context(|| format!("deleting {queue}"))?;
-    }
+    let failed = remove_topology(&world.channel().await, &topology, Duration::from_secs(120)).await;
+    anyhow::ensure!(failed == 0, "{failed} queues or exchanges not deleted");
     Ok(())
 }
 
