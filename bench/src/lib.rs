@@ -142,6 +142,13 @@ pub(crate) fn pids_named(comm: &str) -> Vec<u32> {
         .collect()
 }
 
+/// A fresh log file for a child process, `order-expiry-bench-<what>-<id>.log`
+/// in the temporary directory.
+pub(crate) fn temp_log(what: &str) -> std::path::PathBuf {
+    let id = uuid::Uuid::new_v4().simple();
+    std::env::temp_dir().join(format!("order-expiry-bench-{what}-{id}.log"))
+}
+
 /// Median of the finite values (the mean of the middle two for an even
 /// count); 0 for none.
 pub fn median(values: &[f64]) -> f64 {

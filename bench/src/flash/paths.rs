@@ -88,10 +88,7 @@ pub(super) async fn cli(
     plan: &Plan,
     bundled: bool,
 ) -> anyhow::Result<f64> {
-    let log = std::env::temp_dir().join(format!(
-        "order-expiry-bench-flash-cli-{}.log",
-        uuid::Uuid::new_v4().simple()
-    ));
+    let log = crate::temp_log("flash-cli");
     let mut command = tokio::process::Command::new(binary);
     command
         .args(["schedule", "--stdin"])

@@ -117,10 +117,7 @@ impl Serve {
         settings: &Settings,
         bundled: bool,
     ) -> anyhow::Result<Self> {
-        let log = std::env::temp_dir().join(format!(
-            "order-expiry-bench-flash-serve-{}.log",
-            uuid::Uuid::new_v4().simple()
-        ));
+        let log = crate::temp_log("flash-serve");
         // The production default: spans and logs as in a deployment.
         let mut env = vec![("ORDER_EXPIRY__LOG__FILTER", "info")];
         if !bundled {

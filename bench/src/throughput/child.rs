@@ -43,11 +43,7 @@ pub(super) fn publisher(
 }
 
 fn launch(program: PathBuf, args: &[&str], settings: &Settings, wrap: Option<&str>) -> Launch {
-    let log = std::env::temp_dir().join(format!(
-        "order-expiry-bench-{}-{}.log",
-        args.first().copied().unwrap_or("child"),
-        uuid::Uuid::new_v4().simple()
-    ));
+    let log = crate::temp_log(args.first().copied().unwrap_or("child"));
     Launch::new(program, log)
         .args(args.iter().copied())
         .settings(settings)
