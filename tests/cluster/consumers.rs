@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use order_expiry_testkit::{Served, at_ms, message, orders, sum_metric};
+use order_expiry_testkit::{Served, at_ms, orders, sum_metric, wire_due};
 
 use crate::support::{ClusterWorld, NO_SWEEPER};
 
@@ -22,7 +22,7 @@ const DRAIN_ORDERS: i64 = 20_000;
 /// consumer subscribed first (docs/src/results/cluster.md, Competing consumers).
 async fn place(world: &ClusterWorld, prefix: &str, n: i64, due_at: DateTime<Utc>) -> Vec<String> {
     let ids: Vec<String> = (1..=n).map(|i| format!("{prefix}-{i}")).collect();
-    let due_at = message(&ids[0], due_at).due_at;
+    let due_at = wire_due(due_at);
     let client = world.store.client().await.expect("database");
     client
         .execute(
@@ -108,9 +108,7 @@ async fn three_consumers_on_three_nodes_cancel_each_order_once_and_drain() {
     .await;
 
     // Orders due over the next seconds while all three consume: none early.
-    let spread = orders("spread", 600, |i| {
-        message("due", at_ms(1000 + (i as i64 * 13) % 6000)).due_at
-    });
+    let spread = orders("spread", 600, |i| at_ms(1000 + (i as i64 * 13) % 6000));
     let scheduler = world.scheduler_on(1, Duration::from_secs(10));
     world.place_with(scheduler, &spread).await;
     let ids: Vec<String> = spread.into_iter().map(|(id, _)| id).collect();

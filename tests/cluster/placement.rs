@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use order_expiry_testkit::{at_ms, message, vhost};
+use order_expiry_testkit::{at_ms, vhost, wire_due};
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{
@@ -116,7 +116,7 @@ async fn a_publisher_whose_node_dies_fails_the_calls_in_flight_then_confirms_on_
             while !stop.is_cancelled() {
                 n += 1;
                 let id = format!("p-{task}-{n}");
-                let due_at = message(&id, at_ms(2000)).due_at;
+                let due_at = wire_due(at_ms(2000));
                 store.create_unpaid(&id, due_at).await.expect("insert");
                 let started = Instant::now();
                 let result = scheduler.schedule(id.as_str(), due_at).await;

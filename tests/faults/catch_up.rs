@@ -9,6 +9,7 @@
 //! for a quiet machine, run by hand:
 //! `cargo test --release -p order-expiry --test faults catch_up -- --ignored --nocapture`.
 
+use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
@@ -86,11 +87,12 @@ async fn run(size: Size) {
     // Everything is cancelled; the catch-up counter sampled meanwhile (less
     // often at full size: reading every row takes its time).
     let every_ms = if count > 10_000 { 2_000 } else { 250 };
-    let mut samples: Vec<(Instant, f64)> = Vec::new();
+    let samples: RefCell<Vec<(Instant, f64)>> = RefCell::default();
     let limit = size.after + Duration::from_secs(120);
-    let rows = poll(limit, every_ms, async || {
+    let rows = poll(limit, every_ms, || async {
         let at = Instant::now();
-        samples.push((at, served.metric("order_expiry_catch_up_total").await));
+        let caught_up = served.metric("order_expiry_catch_up_total").await;
+        samples.borrow_mut().push((at, caught_up));
         let rows = world.rows().await;
         let unpaid = orders
             .iter()
@@ -128,6 +130,7 @@ async fn run(size: Size) {
     let drained_after = (backlog[backlog.len() - 1] - back).num_milliseconds() as f64 / 1e3;
     let busiest = busiest_second(&mut backlog);
     // The drain: from the first order out of the catch-up lane to the last.
+    let samples = samples.into_inner();
     let first = samples.iter().find(|(_, n)| *n > 0.0).map(|(at, _)| *at);
     let last = samples
         .iter()

@@ -7,11 +7,11 @@
 
 use std::time::{Duration, Instant};
 
-use order_expiry_testkit::{Endpoint, Reply, bundle, message};
+use order_expiry_testkit::{Endpoint, Reply, bundle, message, wire_due};
 
 use crate::support::{
     CANCELLED, Ledger, NOT_UNPAID, WAITING_CANCEL, World, at_ms, ids, json, kill_9, messages,
-    order, orders, poll, settle, world,
+    orders, poll, settle, world,
 };
 
 /// Orders early enough to be held unacked until due when the consumer dies.
@@ -188,11 +188,11 @@ async fn kill_9_repeats_only_the_pass_in_flight() {
     let a_due = at_ms(1_500);
     let others = ["a-paid", "a-extended", "a-retry"].map(String::from);
     let a_ids = (0..SETTLED).map(|i| format!("a-{i}")).chain(others);
-    let a: Vec<_> = a_ids.map(|id| order(id, a_due)).collect();
+    let a: Vec<_> = a_ids.map(|id| (id, wire_due(a_due))).collect();
     // Bundle B, due in 3 s: its pass is in flight at the kill.
     let b_due = at_ms(3_000);
     let b: Vec<_> = (0..SETTLED)
-        .map(|i| order(format!("b-{i}"), b_due))
+        .map(|i| (format!("b-{i}"), wire_due(b_due)))
         .collect();
     world.create_orders(&[&a[..], &b].concat()).await;
     world

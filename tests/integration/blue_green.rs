@@ -9,15 +9,14 @@
 //! up to it), the parked messages in green's parked queue with their reasons,
 //! and every order due during the move cancelled within [`LATE_BOUND`].
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use lapin::BasicProperties;
 use order_expiry::Settings;
 use order_expiry_testkit::{
-    OrderRow, Served, World, amqp_port, amqp_url, blue_amqp_port, eventually, number_after,
-    number_before, orders, run_cli, schedule_all,
+    OrderRow, Served, World, amqp_port, amqp_url, blue_amqp_port, number_after, number_before,
+    orders, poll, run_cli, schedule_all,
 };
 use rand::Rng;
 
@@ -158,15 +157,13 @@ async fn a_blue_green_broker_move_loses_nothing_and_cancels_each_order_once() {
     }
 
     let unpaid = (ORDERS as u64 - paid - extended) as usize;
-    let mut rows = HashMap::new();
-    eventually(
-        Duration::from_secs(120),
-        "unpaid orders cancelled",
-        async || {
-            rows = blue.orders().await.expect("orders");
-            rows.values().filter(|o| o.status == "cancelled").count() >= unpaid
-        },
-    )
+    let rows = poll(Duration::from_secs(120), 50, || async {
+        let rows = blue.orders().await.expect("orders");
+        match rows.values().filter(|o| o.status == "cancelled").count() >= unpaid {
+            true => Ok(rows),
+            false => Err("unpaid orders cancelled within 120 s"),
+        }
+    })
     .await;
     let green_cancels = settled_cancels(&green_serve).await;
     green_serve.assert_nothing_swept().await;

@@ -6,8 +6,7 @@
 
 use std::collections::HashMap;
 
-use order_expiry_testkit::broker::Imported;
-use order_expiry_testkit::succeeded;
+use order_expiry_testkit::{Imported, try_rabbitmqctl};
 use serde_json::Value;
 
 use crate::docs::repo_file;
@@ -47,8 +46,7 @@ fn the_dev_users_file_holds_the_documented_passwords() {
             panic!("no URL in docker-compose.yml or docs/src/operating/deploy.md uses {documented}")
         });
         let refused = format!("{documented}: the broker refuses the documented password");
-        let mut authenticate = std::process::Command::new("rabbitmqctl");
-        let out = authenticate.args(["-q", "authenticate_user", name, password]);
-        succeeded(refused, &out.output().expect("rabbitmqctl runs"));
+        let authenticated = try_rabbitmqctl(&["-q", "authenticate_user", name, password]);
+        authenticated.unwrap_or_else(|e| panic!("{refused}: {e}"));
     }
 }

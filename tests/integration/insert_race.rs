@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use order_expiry::{service::Handled, service::Outcome};
-use order_expiry_testkit::steps::assert_late_within;
-use order_expiry_testkit::{World, at_ms, message};
+use order_expiry_testkit::{World, assert_late_within, at_ms, message};
 
 /// 2 s each: every re-check passes level 0 of the ladder (2 s − the 300 ms
 /// lead is 1 whole second), the second time with the same routing key: a

@@ -10,7 +10,9 @@ use order_expiry::{
     ScheduleError, Scheduler, amqp::ConnectError, amqp::TlsFiles, service::Outcome,
     topology::Ladder,
 };
-use order_expiry_testkit::{World, amqp_url_on, at_ms, free_port, rabbitmqctl, succeeded};
+use order_expiry_testkit::{
+    World, amqp_url_on, at_ms, free_port, rabbitmqctl, succeeded, try_rabbitmqctl,
+};
 use secrecy::SecretString;
 
 /// A throw-away PKI: a CA, a server certificate for 127.0.0.1 and a client
@@ -132,9 +134,7 @@ impl Drop for TlsListener {
             "rabbit_networking:stop_tcp_listener({{\"127.0.0.1\", {}}}).",
             self.port
         );
-        let _ = Command::new("rabbitmqctl")
-            .args(["eval", &expression])
-            .output();
+        let _ = try_rabbitmqctl(&["eval", &expression]);
     }
 }
 

@@ -347,9 +347,11 @@ async fn inject(
 ) -> anyhow::Result<Option<DateTime<Utc>>> {
     // The caller holds the node lock.
     let node_fault = |down: &'static str, up: &'static str, node: usize, lasting, limit| async move {
-        cluster_sh(&[down, &node.to_string()], limit).await?;
+        cluster::script(&[down, &node.to_string()], Duration::from_secs(limit)).await?;
         tokio::time::sleep(lasting).await;
-        cluster_sh(&[up, &node.to_string()], 180).await
+        cluster::script(&[up, &node.to_string()], Duration::from_secs(180))
+            .await
+            .map(drop)
     };
     let unavailable = Reply::Status(503, "down for the soak".into());
     match kind {
@@ -357,9 +359,9 @@ async fn inject(
         Kind::NodeStop { node, down } => node_fault("stop", "start", node, down, 90).await?,
         Kind::NodePause { node, hung } => node_fault("pause", "resume", node, hung, 30).await?,
         Kind::NodePartition { node, lasting } => {
-            cluster_sh(&["isolate", &node.to_string()], 30).await?;
+            cluster::script(&["isolate", &node.to_string()], Duration::from_secs(30)).await?;
             tokio::time::sleep(lasting).await;
-            cluster_sh(&["heal"], 30).await?;
+            cluster::script(&["heal"], Duration::from_secs(30)).await?;
         }
         Kind::ServeKill { slot, down } => {
             world.kill_serve(slot).await;
@@ -368,9 +370,9 @@ async fn inject(
         }
         Kind::PostgresRestart => restart_postgres().await?,
         Kind::DatabaseFailover { detect } => {
-            pg_pair_sh(&["kill", "1"], 30).await?;
+            pg_pair::script(&["kill", "1"], Duration::from_secs(30)).await?;
             tokio::time::sleep(detect).await;
-            pg_pair_sh(&["promote", "2"], 90).await?;
+            pg_pair::script(&["promote", "2"], Duration::from_secs(90)).await?;
             world.failed_over.store(true, Ordering::SeqCst);
         }
         Kind::DatabaseSwitchback => {
@@ -449,13 +451,13 @@ async fn migrate_as_node_stops(
     let started = Utc::now();
     let name = node.to_string();
     let stop_args = ["stop", name.as_str()];
-    let stopping = cluster_sh(&stop_args, 90);
+    let stopping = cluster::script(&stop_args, Duration::from_secs(90));
     let command = async {
         tokio::time::sleep(Duration::from_millis(500)).await;
         world.cli(Which::Sql, node, args, limit).await
     };
     let (stopped, said) = tokio::join!(stopping, command);
-    let started_again = cluster_sh(&["start", &name], 180).await;
+    let started_again = cluster::script(&["start", &name], Duration::from_secs(180)).await;
     let error = stopped.and(started_again).err().map(|e| format!("{e:#}"));
     let record = Record {
         kind: Kind::NodeStop {
@@ -467,32 +469,6 @@ async fn migrate_as_node_stops(
         error,
     };
     (said, record)
-}
-
-/// `scripts/lib/pg-pair.sh ARGS` within `limit_s` seconds.
-async fn pg_pair_sh(args: &[&str], limit_s: u64) -> anyhow::Result<()> {
-    script(pg_pair::pg_pair_sh, args, limit_s).await
-}
-
-/// `scripts/lib/cluster.sh ARGS` within `limit_s` seconds.
-pub(super) async fn cluster_sh(args: &[&str], limit_s: u64) -> anyhow::Result<()> {
-    script(cluster::cluster_sh, args, limit_s).await
-}
-
-/// One of the testkit's script runners with `args`, within `limit_s`
-/// seconds, on a blocking thread.
-async fn script(
-    run: fn(&[&str], Duration) -> Result<String, String>,
-    args: &[&str],
-    limit_s: u64,
-) -> anyhow::Result<()> {
-    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-    tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        run(&args, Duration::from_secs(limit_s)).map(drop)
-    })
-    .await?
-    .map_err(anyhow::Error::msg)
 }
 
 /// Restarts the local PostgreSQL (every cluster of it, as the machine's
@@ -520,11 +496,13 @@ pub(super) async fn repair_all(world: &SoakWorld) -> anyhow::Result<()> {
     world.restore_database();
     world.endpoint.recover("expire");
     world.endpoint.recover("payment");
-    cluster_sh(&["heal"], 30).await?;
+    cluster::script(&["heal"], Duration::from_secs(30)).await?;
     for slot in 0..SERVES.len() {
         if !world.serve_running(slot).await {
             world.start_serve(slot).await?;
         }
     }
-    cluster_sh(&["up"], 240).await
+    cluster::script(&["up"], Duration::from_secs(240))
+        .await
+        .map(drop)
 }

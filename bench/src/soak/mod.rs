@@ -34,7 +34,7 @@ use anyhow::Context;
 use chrono::{TimeDelta, Utc};
 use clap::Args;
 use order_expiry::Settings;
-use order_expiry_testkit::cluster;
+use order_expiry_testkit::{cluster, try_poll};
 use tokio_util::sync::CancellationToken;
 
 use order_expiry_testkit::world::OrderRow;
@@ -88,8 +88,8 @@ pub async fn run(settings: &Settings, args: &SoakArgs) -> anyhow::Result<()> {
         out.display()
     );
     let binary = crate::flash::serve::binary(args.serve_bin.as_deref())?;
-    faults::cluster_sh(&["up"], 300)
-        .await
+    let up = cluster::script(&["up"], Duration::from_secs(300));
+    up.await
         .context("bringing the cluster up (scripts/lib/cluster.sh up)")?;
     let world = Arc::new(SoakWorld::start(settings, binary, out.join("logs")).await?);
     let started = Utc::now();
@@ -241,17 +241,15 @@ async fn settle(
 /// retried publish, an extended order's first message) arrives and is acked.
 /// What is left after that is stuck, and the checker says so.
 async fn drain(world: &SoakWorld, poison: Poison) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
     let parked = world.sql.ladder().parked_queue();
-    while tokio::time::Instant::now() < deadline {
-        let queues = queues(world).await;
-        let expected =
-            |(name, messages): &(String, u64)| poison.expected(&parked, name).contains(messages);
-        if queues.iter().all(expected) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    let expected =
+        |(name, messages): &(String, u64)| poison.expected(&parked, name).contains(messages);
+    let drained = async || match queues(world).await.iter().all(&expected) {
+        true => Ok(()),
+        false => Err(()),
+    };
+    // Not drained by then is for the checker to report.
+    let _ = try_poll(Duration::from_secs(90), Duration::from_secs(1), drained).await;
 }
 
 /// One message of each ladder or due queue that should be empty and is not

@@ -30,7 +30,7 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use order_expiry::Scheduler;
 use order_expiry::service::PgOrderStore;
-use order_expiry_testkit::{Placed, Reply, cluster};
+use order_expiry_testkit::{Placed, Reply, cluster, wire_due};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::Mutex;
@@ -216,7 +216,7 @@ impl Traffic {
             }
             n += 1;
             let delay_ms = rng.random_range(3_000..40_000);
-            let due_at = wire_ms(Utc::now() + TimeDelta::milliseconds(delay_ms));
+            let due_at = wire_due(Utc::now() + TimeDelta::milliseconds(delay_ms));
             let route = match which {
                 Which::Sql if n % 100 == 99 && tokio::time::Instant::now() < unscheduled_until => {
                     Route::Unscheduled
@@ -265,7 +265,7 @@ impl Traffic {
             let base = now + TimeDelta::seconds(20);
             for i in 0..count {
                 let due_at =
-                    wire_ms(base + TimeDelta::milliseconds(i64::from(i) * 500 / i64::from(count)));
+                    wire_due(base + TimeDelta::milliseconds(i64::from(i) * 500 / i64::from(count)));
                 let pay_after = payment(&mut rng, (due_at - now).num_milliseconds());
                 let extend_by = rng
                     .random_bool(1.0 / 20.0)
@@ -508,9 +508,4 @@ async fn sleep_until(at: DateTime<Utc>) {
     if let Ok(wait) = (at - Utc::now()).to_std() {
         tokio::time::sleep(wait).await;
     }
-}
-
-/// `at` as the wire format carries it, in whole milliseconds.
-fn wire_ms(at: DateTime<Utc>) -> DateTime<Utc> {
-    order_expiry_testkit::message("o", at).due_at
 }

@@ -23,10 +23,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::{Context, anyhow, bail};
 use order_expiry::Settings;
 use order_expiry_testkit::pg_pair::{self, PairLock, Replication};
-use order_expiry_testkit::{Child, Endpoint, Launch, Proxy, World, cluster};
+use order_expiry_testkit::{Child, Endpoint, Launch, Proxy, World, cluster, try_poll, try_run_cli};
 use secrecy::{ExposeSecret, SecretString};
 use tokio::sync::Mutex;
 
@@ -240,26 +240,23 @@ impl SoakWorld {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         drop(slots);
         // Not ready within 30 s is no error (a fault may be on); exiting is.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while tokio::time::Instant::now() < deadline {
-            if matches!(
-                order_expiry_testkit::http_get(addr, "/readyz").await,
-                Some((200, _))
-            ) {
-                return Ok(());
-            }
-            if !self.serve_running(i).await {
-                let slots = self.slots.lock().await;
-                let tail = slots[i]
-                    .child
-                    .as_ref()
-                    .map(|c| c.log_tail(5))
-                    .unwrap_or_default();
-                bail!("{name} exited at start-up: {tail}");
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        Ok(())
+        let ready = try_poll(
+            Duration::from_secs(30),
+            Duration::from_millis(200),
+            async || {
+                if let Some((200, _)) = order_expiry_testkit::http_get(addr, "/readyz").await {
+                    return Ok(Ok(()));
+                }
+                if !self.serve_running(i).await {
+                    let slots = self.slots.lock().await;
+                    let tail = slots[i].child.as_ref().map(|c| c.log_tail(5));
+                    let tail = tail.unwrap_or_default();
+                    return Ok(Err(anyhow!("{name} exited at start-up: {tail}")));
+                }
+                Err(())
+            },
+        );
+        ready.await.unwrap_or(Ok(()))
     }
 
     /// kill -9 of slot `i`'s `serve`.
@@ -313,15 +310,7 @@ impl SoakWorld {
         limit: Duration,
     ) -> anyhow::Result<String> {
         let settings = self.settings(which, first);
-        let mut command = tokio::process::Command::new(&self.binary);
-        command
-            .args(args)
-            .env_remove("RUST_LOG")
-            .envs(order_expiry_testkit::settings_env(&settings))
-            .kill_on_drop(true);
-        let out = tokio::time::timeout(limit, command.output())
-            .await
-            .with_context(|| format!("order-expiry {args:?} took over {limit:?}"))??;
+        let out = try_run_cli(&self.binary, &settings, args, &[], limit).await?;
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),
@@ -339,9 +328,13 @@ impl SoakWorld {
         let mut problems = Vec::new();
         let slots = std::mem::take(&mut *self.slots.lock().await);
         for (slot, (name, ..)) in slots.into_iter().zip(SERVES) {
-            if let Some(child) = slot.child {
+            if let Some(mut child) = slot.child {
                 let log = child.log_path().to_owned();
-                if let Err(e) = stop_keeping_log(child).await {
+                let stopped = match child.running() {
+                    true => child.stop_keeping_log(Duration::from_secs(30)).await,
+                    false => Err(anyhow::anyhow!("it had exited: {}", child.log_tail(3))),
+                };
+                if let Err(e) = stopped {
                     problems.push(format!("{name}: {e} ({})", log.display()));
                 }
             }
@@ -413,17 +406,13 @@ impl OldLadder {
 
     /// Waits until no call is scheduling into the old ladder, at most `limit`.
     pub(super) async fn settled(&self, limit: Duration) -> anyhow::Result<()> {
-        let deadline = tokio::time::Instant::now() + limit;
-        loop {
-            let calls = self.calls.load(Ordering::SeqCst);
-            if calls == 0 {
-                return Ok(());
-            }
-            if tokio::time::Instant::now() > deadline {
-                bail!("{calls} calls still scheduling into the old ladder after {limit:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let none = async || match self.calls.load(Ordering::SeqCst) {
+            0 => Ok(()),
+            calls => Err(anyhow!(
+                "{calls} calls still scheduling into the old ladder after {limit:?}"
+            )),
+        };
+        try_poll(limit, Duration::from_millis(20), none).await
     }
 }
 
@@ -434,19 +423,6 @@ pub(super) struct OldLadderCall<'a>(&'a OldLadder);
 impl Drop for OldLadderCall<'_> {
     fn drop(&mut self) {
         self.0.calls.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// SIGTERM and a clean exit within 30 s; the log is kept either way.
-async fn stop_keeping_log(mut child: Child) -> anyhow::Result<()> {
-    if !child.running() {
-        bail!("it had exited: {}", child.log_tail(3));
-    }
-    child.signal("-TERM");
-    match child.wait_exit(Duration::from_secs(30)).await {
-        Some(status) if status.success() => Ok(()),
-        Some(status) => bail!("exited with {status}"),
-        None => bail!("did not exit within 30 s of SIGTERM"),
     }
 }
 

@@ -6,11 +6,11 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use order_expiry_testkit::connect_database;
+use order_expiry_testkit::{connect_database, wire_due};
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{at_ms, order};
+use crate::support::at_ms;
 
 /// What the writer did.
 #[derive(Debug, Default)]
@@ -41,7 +41,10 @@ pub async fn outbox_writer(
     while !stop.is_cancelled() {
         n += 1;
         let roll_back = n.is_multiple_of(7);
-        let (id, due) = order(format!("ob-{n}"), at_ms(due_in.as_millis() as i64));
+        let (id, due) = (
+            format!("ob-{n}"),
+            wire_due(at_ms(due_in.as_millis() as i64)),
+        );
         loop {
             let connected = match client.take() {
                 Some(c) if !c.is_closed() => Some(c),

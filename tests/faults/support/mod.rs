@@ -16,6 +16,6 @@ mod world;
 
 pub use audit::*;
 pub use ballast::*;
-pub use order_expiry_testkit::{ReadyWatch, Subscriber, World, at_ms, json, schedule_all};
+pub use order_expiry_testkit::{ReadyWatch, Subscriber, World, at_ms, json, poll, schedule_all};
 pub use services::*;
 pub use world::*;

@@ -41,14 +41,6 @@ pub const WAITING_CANCEL: [(&str, &str); 2] = [
     ("ORDER_EXPIRY__DATABASE__LOCK_TIMEOUT_MS", "4500"),
 ];
 
-/// An unpaid order due at `due_at`, with its wire-format due time (what the
-/// consumer compares against).
-pub fn order(id: impl Into<String>, due_at: DateTime<Utc>) -> (String, DateTime<Utc>) {
-    let id = id.into();
-    let due_at = message(&id, due_at).due_at;
-    (id, due_at)
-}
-
 /// Messages for `orders`.
 pub fn messages(orders: &[(String, DateTime<Utc>)]) -> Vec<ExpiryMessage> {
     orders.iter().map(|(id, at)| message(id, *at)).collect()
@@ -56,9 +48,7 @@ pub fn messages(orders: &[(String, DateTime<Utc>)]) -> Vec<ExpiryMessage> {
 
 /// `n` unpaid orders `<prefix>-<i>`, order `i` due `due_ms(i)` ms from now.
 pub fn orders(prefix: &str, n: usize, due_ms: impl Fn(i64) -> i64) -> Vec<(String, DateTime<Utc>)> {
-    (0..n as i64)
-        .map(|i| order(format!("{prefix}-{i}"), at_ms(due_ms(i))))
-        .collect()
+    order_expiry_testkit::orders(prefix, n, |i| at_ms(due_ms(i as i64)))
 }
 
 /// The ids of `orders`.
@@ -96,21 +86,4 @@ pub fn assert_not_ready(watch: &ReadyWatch, from: Instant, to: Instant, what: &s
         during.iter().all(|s| *s != 200),
         "/readyz said 200 while {what} was down: {during:?}"
     );
-}
-
-/// Polls `check` every `every_ms` until it returns `Ok`; panics with its
-/// last `Err` after `limit`.
-pub async fn poll<T, E: std::fmt::Display, F: AsyncFnMut() -> Result<T, E>>(
-    limit: Duration,
-    every_ms: u64,
-    mut check: F,
-) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        match check().await {
-            Ok(value) => return value,
-            Err(what) => assert!(Instant::now() < deadline, "{what}"),
-        }
-        tokio::time::sleep(Duration::from_millis(every_ms)).await;
-    }
 }

@@ -15,7 +15,7 @@ use lapin::types::AMQPValue;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::services::{amqp_port, rabbitmqctl, rabbitmqctl_command};
+use crate::services::{amqp_port, rabbitmqctl, try_rabbitmqctl};
 
 /// A RabbitMQ version, `major.minor.patch`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -130,7 +130,7 @@ impl Drop for Imported {
         let vhosts = self.vhosts.iter().map(|vhost| ("delete_vhost", vhost));
         let users = self.users.iter().map(|user| ("delete_user", user));
         for (what, name) in vhosts.chain(users) {
-            let _ = rabbitmqctl_command().args(["-q", what, name]).output();
+            let _ = try_rabbitmqctl(&["-q", what, name]);
         }
     }
 }

@@ -235,15 +235,26 @@ impl Child {
         self.finish(grace).await
     }
 
+    /// SIGTERM, then [`Child::exited_cleanly`] within `grace`; the log is
+    /// kept either way (the soak's report links it).
+    pub async fn stop_keeping_log(&mut self, grace: Duration) -> anyhow::Result<()> {
+        self.signal("-TERM");
+        self.exited_cleanly(grace).await
+    }
+
     /// Waits for a clean exit (killing it after `limit`); removes the log when
-    /// it exited 0, quotes it otherwise.
+    /// it exited 0.
     pub async fn finish(mut self, limit: Duration) -> anyhow::Result<()> {
+        self.exited_cleanly(limit).await?;
+        let _ = std::fs::remove_file(&self.log);
+        Ok(())
+    }
+
+    /// Waits for an exit with status 0 within `limit`; the log quoted otherwise.
+    pub async fn exited_cleanly(&mut self, limit: Duration) -> anyhow::Result<()> {
         let log = self.log.display().to_string();
         match self.wait_exit(limit).await {
-            Some(status) if status.success() => {
-                let _ = std::fs::remove_file(&self.log);
-                Ok(())
-            }
+            Some(status) if status.success() => Ok(()),
             Some(status) => bail!("child exited with {status}; {log}: {}", self.log_tail(5)),
             None => bail!(
                 "child did not exit within {limit:?}; {log}: {}",
@@ -268,34 +279,58 @@ impl Drop for Child {
     }
 }
 
-/// `order-expiry ARGS` with `settings` ([`settings_env`]) and `extra`
-/// variables (`RUST_LOG` unset): its output once it ended, within 5 minutes.
+/// [`try_run_cli`] of the tests' `order-expiry`, within 5 minutes;
+/// panics when it does not end.
 pub async fn run_cli(
     settings: &Settings,
     args: &[&str],
     extra: &[(&str, &str)],
 ) -> std::process::Output {
-    let mut command = Command::new(crate::served::binary());
+    let binary = crate::served::binary();
+    let out = try_run_cli(&binary, settings, args, extra, Duration::from_secs(300)).await;
+    out.unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// `binary ARGS` (an `order-expiry`) with `settings` ([`settings_env`]) and
+/// `extra` variables (`RUST_LOG` unset): its output once it ended, or why
+/// not within `limit` (killed then).
+pub async fn try_run_cli(
+    binary: &Path,
+    settings: &Settings,
+    args: &[&str],
+    extra: &[(&str, &str)],
+    limit: Duration,
+) -> anyhow::Result<std::process::Output> {
+    let mut command = Command::new(binary);
     command
         .args(args)
         .env_remove("RUST_LOG")
-        .envs(settings_env(settings));
+        .envs(settings_env(settings))
+        .kill_on_drop(true);
     command.envs(extra.iter().copied());
-    tokio::time::timeout(Duration::from_secs(300), command.output())
-        .await
-        .unwrap_or_else(|_| panic!("order-expiry {args:?} ends within 5 minutes"))
-        .expect("the binary runs")
+    let out = tokio::time::timeout(limit, command.output()).await;
+    let out = out.map_err(|_| anyhow::anyhow!("order-expiry {args:?} took over {limit:?}"))?;
+    Ok(out?)
 }
 
-/// The stdout of `what`, a command that must have succeeded; panics with its
-/// stdout and stderr otherwise.
+/// [`try_succeeded`], panicking with its stdout and stderr on failure.
 pub fn succeeded(what: impl std::fmt::Display, out: &std::process::Output) -> String {
+    try_succeeded(what, out).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The stdout of `what`, a command that ended; its stdout and stderr when it
+/// failed.
+pub fn try_succeeded(
+    what: impl std::fmt::Display,
+    out: &std::process::Output,
+) -> Result<String, String> {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
+    match out.status.success() {
+        true => Ok(stdout),
+        false => Err(format!(
+            "{what} failed ({}):\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )),
+    }
 }

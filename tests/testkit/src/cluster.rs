@@ -86,20 +86,20 @@ pub fn cluster_sh(args: &[&str], limit: Duration) -> Result<String, String> {
     crate::services::run_script("cluster.sh", args, &env, limit)
 }
 
-/// [`cluster_sh`] in a blocking task.
-async fn try_cluster(args: &[&str], limit: Duration) -> Result<String, String> {
+/// [`cluster_sh`] in a blocking task, for callers that report a failure
+/// rather than panic (the soak).
+pub async fn script(args: &[&str], limit: Duration) -> anyhow::Result<String> {
     let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-    tokio::task::spawn_blocking(move || {
+    let out = tokio::task::spawn_blocking(move || {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         cluster_sh(&args, limit)
-    })
-    .await
-    .expect("cluster.sh task")
+    });
+    out.await?.map_err(anyhow::Error::msg)
 }
 
-/// [`try_cluster`], panicking on failure.
+/// [`script`], panicking on failure.
 async fn cluster(args: &[&str], limit: Duration) -> String {
-    let out = try_cluster(args, limit).await;
+    let out = script(args, limit).await;
     out.unwrap_or_else(|e| panic!("{e}"))
 }
 
@@ -173,7 +173,8 @@ pub async fn start(n: usize) -> Instant {
 pub async fn ctl(n: usize, args: &[&str]) -> Result<String, String> {
     let n = n.to_string();
     let all = [&["ctl", n.as_str(), "-q"], args].concat();
-    try_cluster(&all, Duration::from_secs(60)).await
+    let out = script(&all, Duration::from_secs(60)).await;
+    out.map_err(|e| e.to_string())
 }
 
 /// `rabbitmqctl -q ARGS` on the first node that answers.

@@ -6,7 +6,7 @@
 use lapin::options::BasicGetOptions;
 use order_expiry::publisher::DueMessage;
 
-use crate::services::{self, rabbitmqctl_command};
+use crate::services::{self, try_rabbitmqctl};
 use crate::world::World;
 
 impl World {
@@ -31,10 +31,7 @@ impl World {
         let vhost = services::vhost();
         let args = ["-q", "list_queues", "-p", &vhost, "--no-table-headers"];
         let fields = ["name", "messages_ready", "messages_unacknowledged"];
-        let listing = match rabbitmqctl_command().args(args).args(fields).output() {
-            Ok(out) => String::from_utf8_lossy(&out.stdout).into_owned(),
-            Err(e) => format!("rabbitmqctl: {e}"),
-        };
+        let listing = try_rabbitmqctl(&[&args[..], &fields].concat()).unwrap_or_else(|e| e);
         let queues: Vec<String> = listing
             .lines()
             .filter_map(|line| {

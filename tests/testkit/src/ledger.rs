@@ -11,8 +11,8 @@ use chrono::{DateTime, TimeDelta, Utc};
 use order_expiry::{Scheduler, service::PgOrderStore};
 use tokio_util::sync::CancellationToken;
 
+use crate::at_ms;
 use crate::world::{OrderRow, World};
-use crate::{at_ms, message};
 
 /// One `schedule()` call.
 #[derive(Debug, Clone)]
@@ -190,7 +190,7 @@ pub async fn order_service(
         n += 1;
         let id = format!("{}-{n}", pace.prefix);
         // Spread over the window; the wire format's due time is what is compared.
-        let due_at = message(&id, at_ms(from + (n * 7919) % spread)).due_at;
+        let due_at = crate::wire_due(at_ms(from + (n * 7919) % spread));
         // The order exists before its message.
         store
             .create_unpaid(&id, due_at)

@@ -26,7 +26,7 @@
 //!   on until cancelled, `serve` ready, the parked queue read.
 //! - [`subscriber`]: [`Subscriber`]: an event-driven order service for the
 //!   event action, cancelling on `order.expired`.
-//! - [`wait`]: [`eventually`]: poll a condition instead of sleeping.
+//! - [`wait`]: [`eventually`], [`poll`]: poll a condition instead of sleeping.
 //!
 //! To run a test against another broker, build its world with
 //! `World::builder().amqp_port(5673)`, or set `ORDER_EXPIRY_TEST_AMQP_PORT`
@@ -53,8 +53,8 @@ pub mod tls_front;
 pub mod wait;
 pub mod world;
 
-pub use self::broker::{BrokerVersion, announced_version, broker_version};
-pub use self::child::{Child, Launch, run_cli, settings_env, succeeded};
+pub use self::broker::{BrokerVersion, Imported, announced_version, broker_version};
+pub use self::child::{Child, Launch, run_cli, settings_env, succeeded, try_run_cli};
 pub use self::consumer::RunningConsumer;
 pub use self::endpoint::{Endpoint, Expiry, Reply, Request, expire_order};
 pub use self::inspect::RowLock;
@@ -63,14 +63,16 @@ pub use self::proxy::Proxy;
 pub use self::served::{ReadyWatch, Served, http_get, metric_value, sum_metric};
 pub use self::services::{
     MovableClock, amqp_port, amqp_url, amqp_url_on, at_ms, blue_amqp_port, connect_database,
-    database, database_url, free_port, rabbitmqctl, skewed_clock, vhost, with_search_path,
+    database, database_url, free_port, rabbitmqctl, skewed_clock, try_rabbitmqctl, vhost,
+    with_search_path,
 };
 pub use self::steps::{
-    HasOrderId, Parked, assert_on_time, count, json, orders, schedule_all, table,
+    HasOrderId, Parked, assert_late_within, assert_on_time, count, json, orders, schedule_all,
+    table, wire_due,
 };
 pub use self::subscriber::{Received, Subscriber};
 pub use self::tls_front::TlsFront;
-pub use self::wait::eventually;
+pub use self::wait::{eventually, poll, try_poll};
 pub use self::world::{OrderRow, TEST_LEVELS, World, WorldBuilder, remove_topology};
 
 /// A message for `order_id` due at `due_at`; panics on an invalid id.

@@ -69,16 +69,22 @@ pub fn pg_pair_sh(args: &[&str], limit: Duration) -> Result<String, String> {
     crate::services::run_script("pg-pair.sh", args, &[], limit)
 }
 
-/// [`pg_pair_sh`] in a blocking task, panicking on failure; the wall-clock
-/// time it returned at.
-async fn pair(args: Vec<String>, limit: Duration) -> DateTime<Utc> {
-    tokio::task::spawn_blocking(move || {
+/// [`pg_pair_sh`] in a blocking task, for callers that report a failure
+/// rather than panic (the soak).
+pub async fn script(args: &[&str], limit: Duration) -> anyhow::Result<String> {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    let out = tokio::task::spawn_blocking(move || {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        pg_pair_sh(&args, limit).unwrap_or_else(|e| panic!("{e}"));
-        Utc::now()
-    })
-    .await
-    .expect("pg-pair.sh task")
+        pg_pair_sh(&args, limit)
+    });
+    out.await?.map_err(anyhow::Error::msg)
+}
+
+/// [`script`], panicking on failure; the wall-clock time it returned at.
+async fn pair(args: Vec<String>, limit: Duration) -> DateTime<Utc> {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    script(&args, limit).await.unwrap_or_else(|e| panic!("{e}"));
+    Utc::now()
 }
 
 /// Node 1 a writable primary with an empty database, node 2 its standby,
@@ -114,10 +120,8 @@ pub async fn promote(n: usize) -> DateTime<Utc> {
 /// node 1 rebuilt as node 2's standby, a planned switchover to it, node 2
 /// rebuilt as its synchronous standby. When node 1 took writes.
 pub async fn switchback() -> Result<DateTime<Utc>, String> {
-    let said =
-        tokio::task::spawn_blocking(|| pg_pair_sh(&["switchback"], Duration::from_secs(300)))
-            .await
-            .map_err(|e| e.to_string())??;
+    let said = script(&["switchback"], Duration::from_secs(300)).await;
+    let said = said.map_err(|e| e.to_string())?;
     let promoted = said.lines().last().unwrap_or_default().trim();
     let secs: f64 = promoted
         .parse()

@@ -79,22 +79,24 @@ pub fn with_search_path(url: &str, schema: &str) -> String {
     format!("{url}{sep}options=-csearch_path%3D{schema}")
 }
 
-/// Runs `rabbitmqctl` (with `-n $ORDER_EXPIRY_TEST_RABBITMQ_NODE` when set),
-/// panicking with its output on failure.
+/// [`try_rabbitmqctl`], panicking with its output on failure.
 pub fn rabbitmqctl(args: &[&str]) -> String {
-    let out = rabbitmqctl_command()
-        .args(args)
-        .output()
-        .expect("rabbitmqctl runs");
-    crate::succeeded(format_args!("rabbitmqctl {args:?}"), &out)
+    try_rabbitmqctl(args).unwrap_or_else(|e| panic!("{e}"))
 }
 
-pub(crate) fn rabbitmqctl_command() -> Command {
+/// Runs `rabbitmqctl` (with `-n $ORDER_EXPIRY_TEST_RABBITMQ_NODE` when set):
+/// its stdout, or its output when it failed. Clean-ups ignore the `Err`.
+pub fn try_rabbitmqctl(args: &[&str]) -> Result<String, String> {
     let mut command = Command::new("rabbitmqctl");
     if let Ok(node) = std::env::var("ORDER_EXPIRY_TEST_RABBITMQ_NODE") {
         command.args(["-n", &node]);
     }
-    command
+    let what = format!("rabbitmqctl {args:?}");
+    let out = command
+        .args(args)
+        .output()
+        .map_err(|e| format!("{what}: {e}"))?;
+    crate::child::try_succeeded(what, &out)
 }
 
 /// A TCP port nobody listens on right now.
@@ -125,9 +127,7 @@ pub(crate) async fn ensure_test_vhost_and_database() {
     ONCE.get_or_init(|| async {
         let reachable = lapin::Connection::connect(&amqp_url(), Default::default()).await;
         if reachable.is_err() {
-            let _ = rabbitmqctl_command()
-                .args(["-q", "add_vhost", &vhost()])
-                .output();
+            let _ = try_rabbitmqctl(&["-q", "add_vhost", &vhost()]);
             let vhost = vhost();
             rabbitmqctl(&[
                 "-q",

@@ -19,13 +19,23 @@ use crate::ledger::{Figures, Lateness, Ledger};
 use crate::served::Served;
 use crate::world::{OrderRow, World};
 
-/// `n` orders `<prefix>-<i>`, order `i` due at `due(i)`.
+/// `n` orders `<prefix>-<i>`, order `i` due at `due(i)` as its message
+/// carries it ([`wire_due`]).
 pub fn orders(
     prefix: &str,
     n: usize,
     mut due: impl FnMut(usize) -> DateTime<Utc>,
 ) -> Vec<(String, DateTime<Utc>)> {
-    (0..n).map(|i| (format!("{prefix}-{i}"), due(i))).collect()
+    (0..n)
+        .map(|i| (format!("{prefix}-{i}"), wire_due(due(i))))
+        .collect()
+}
+
+/// `due_at` rounded up to the millisecond a message carries, what the
+/// consumer compares against: an order due at the unrounded time could look
+/// cancelled early by under a millisecond.
+pub fn wire_due(due_at: DateTime<Utc>) -> DateTime<Utc> {
+    crate::message("due", due_at).due_at
 }
 
 /// Persistent `application/json` properties, as the publisher sends them.
