@@ -55,19 +55,7 @@ impl RunningConsumer {
 
     /// Waits for `n` handled deliveries, failing the test after `timeout`.
     pub async fn next_n(&mut self, n: usize, timeout: Duration) -> Vec<Handled> {
-        let mut got = Vec::with_capacity(n);
-        let deadline = tokio::time::Instant::now() + timeout;
-        while got.len() < n {
-            match tokio::time::timeout_at(deadline, self.outcomes.recv()).await {
-                Ok(Some(h)) => got.push(h),
-                Ok(None) => panic!("consumer stopped after {} of {n} outcomes", got.len()),
-                Err(_) => panic!(
-                    "only {} of {n} outcomes within {timeout:?}: {got:?}",
-                    got.len()
-                ),
-            }
-        }
-        got
+        self.next_until(timeout, |got| got.len() >= n).await
     }
 
     /// [`RunningConsumer::next_n`], asserting that each ended in `outcome`.

@@ -8,7 +8,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request as HttpRequest, StatusCode};
@@ -165,19 +165,17 @@ impl Endpoint {
         n: usize,
         timeout: Duration,
     ) -> Vec<Request> {
-        let deadline = Instant::now() + timeout;
-        loop {
+        crate::poll(timeout, 20, || async {
             let got = self.requests_for(kind, order_id);
-            if got.len() >= n {
-                return got;
+            match got.len() >= n {
+                true => Ok(got),
+                false => Err(format!(
+                    "only {} of {n} {kind} requests for {order_id} within {timeout:?}",
+                    got.len()
+                )),
             }
-            assert!(
-                Instant::now() < deadline,
-                "only {} of {n} {kind} requests for {order_id} within {timeout:?}",
-                got.len()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        })
+        .await
     }
 }
 

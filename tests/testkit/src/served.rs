@@ -60,20 +60,21 @@ impl Served {
             launch = launch.env(key, value);
         }
         let mut child = launch.spawn().expect("order-expiry serve starts");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(addr) = logged_addr(child.log_path()) {
-                return Self { child, addr };
-            }
-            if !child.running() {
-                panic!("serve exited at start-up:\n{}", child.log_tail(40));
-            }
-            assert!(
-                Instant::now() < deadline,
-                "serve never logged its http address:\n{}",
-                child.log_tail(40)
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        let addr = crate::poll(Duration::from_secs(20), 50, || {
+            std::future::ready(match logged_addr(child.log_path()) {
+                Some(addr) => Ok(addr),
+                None if !child.running() => {
+                    panic!("serve exited at start-up:\n{}", child.log_tail(40))
+                }
+                None => Err(format!(
+                    "serve never logged its http address:\n{}",
+                    child.log_tail(40)
+                )),
+            })
+        });
+        Self {
+            addr: addr.await,
+            child,
         }
     }
 
@@ -228,24 +229,13 @@ impl ReadyWatch {
 
     /// Waits until `/readyz` said `status` after `since`; when it did.
     pub async fn wait_for(&self, status: u16, since: Instant, timeout: Duration) -> Instant {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let seen = self
-                .samples
-                .lock()
-                .unwrap()
-                .iter()
-                .find(|(at, s)| *at >= since && *s == status)
-                .map(|(at, _)| *at);
-            if let Some(at) = seen {
-                return at;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "/readyz never answered {status} within {timeout:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        crate::poll(timeout, 50, || async {
+            let samples = self.samples.lock().unwrap();
+            let seen = samples.iter().find(|(at, s)| *at >= since && *s == status);
+            seen.map(|(at, _)| *at)
+                .ok_or_else(|| format!("/readyz never answered {status} within {timeout:?}"))
+        })
+        .await
     }
 
     /// The first answer after `since` that `matches`, and when it came.

@@ -5,7 +5,7 @@
 //! world's topology.
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
@@ -177,10 +177,9 @@ impl World {
         ids: &[impl HasOrderId],
         timeout: Duration,
     ) -> HashMap<String, OrderRow> {
-        let deadline = Instant::now() + timeout;
         // Reading every row takes its time at a benchmark's size.
-        let poll = Duration::from_millis(if ids.len() > 10_000 { 1_000 } else { 100 });
-        loop {
+        let every_ms = if ids.len() > 10_000 { 1_000 } else { 100 };
+        crate::poll(timeout, every_ms, || async {
             let rows = self.orders().await.unwrap_or_default();
             let cancelled = |id: &str| rows.get(id).is_some_and(|r| r.status == "cancelled");
             let left: Vec<&str> = ids
@@ -189,18 +188,16 @@ impl World {
                 .filter(|id| !cancelled(id))
                 .collect();
             if left.is_empty() {
-                return rows;
+                return Ok(rows);
             }
-            if Instant::now() >= deadline {
-                let some: Vec<_> = left.iter().take(10).map(|id| (id, rows.get(*id))).collect();
-                panic!(
-                    "{} of {} not cancelled within {timeout:?}, e.g. {some:?}",
-                    left.len(),
-                    ids.len()
-                );
-            }
-            tokio::time::sleep(poll).await;
-        }
+            let some: Vec<_> = left.iter().take(10).map(|id| (id, rows.get(*id))).collect();
+            Err(format!(
+                "{} of {} not cancelled within {timeout:?}, e.g. {some:?}",
+                left.len(),
+                ids.len()
+            ))
+        })
+        .await
     }
 
     /// [`World::serve`], once `/readyz` answers 200 (at most 30 s).

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use chrono::{DateTime, Utc};
@@ -27,6 +27,7 @@ use tokio::sync::Mutex;
 use crate::consumer::RunningConsumer;
 use crate::served::Served;
 use crate::services::{self, with_search_path};
+use crate::wait::{poll, try_poll};
 
 /// Ladder levels of test worlds: delays up to 63 s, quick to declare.
 pub const TEST_LEVELS: u8 = 6;
@@ -329,18 +330,12 @@ impl World {
     }
 
     async fn connect_broker(&self, wait: Duration) -> Option<Connection> {
-        let deadline = Instant::now() + wait;
         let url = self.admin_url.expose_secret();
-        loop {
-            match Connection::connect(url, Default::default()).await {
-                Ok(connection) => return Some(connection),
-                Err(e) if Instant::now() >= deadline => {
-                    eprintln!("broker unreachable: {e}");
-                    return None;
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-            }
-        }
+        let connect = || Connection::connect(url, Default::default());
+        let connected = try_poll(wait, Duration::from_millis(200), connect).await;
+        connected
+            .map_err(|e| eprintln!("broker unreachable: {e}"))
+            .ok()
     }
 
     /// Starts `order-expiry serve` for this world's settings, logging into
@@ -432,18 +427,14 @@ impl World {
     /// back. Read on a connection of its own: a pooled one may still reach a
     /// server that stopped being the primary (and holds what it had then).
     pub async fn rows(&self) -> HashMap<String, OrderRow> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
+        poll(Duration::from_secs(30), 200, || async {
             let read = async {
                 let rows = self.connect().await?.query(SELECT_ORDERS, &[]).await?;
                 Ok::<_, tokio_postgres::Error>(rows.iter().map(OrderRow::keyed).collect())
             };
-            match read.await {
-                Ok(rows) => return rows,
-                Err(e) if Instant::now() > deadline => panic!("reading orders: {e}"),
-                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-            }
-        }
+            read.await.map_err(|e| format!("reading orders: {e}"))
+        })
+        .await
     }
 
     /// A new connection to the world's database (with several hosts, the
