@@ -142,7 +142,7 @@ impl Admin {
         Ok(self.channel.clone())
     }
 
-    /// A new channel of its own: closing it returns what it fetched unacked.
+    /// A new channel of its own: closing it returns what it took unacked.
     pub(crate) async fn own_channel(&self) -> Result<Channel, OpsError> {
         let opening = self.connection.create_channel();
         Ok(amqp::bounded("channel.open", self.timeout, opening).await?)

@@ -11,6 +11,8 @@
 //! - `drain`: one old queue consumed with a window of publisher confirms.
 //! - `republish`: one message into the current ladder for its remaining
 //!   delay, confirmed, then the original acked.
+//! - `sweep`: a queue read through a consumer, what is left held unacked
+//!   (parked list and replay, status).
 
 mod admin;
 mod drain;
@@ -18,6 +20,7 @@ mod ladder_migrate;
 mod parked;
 mod republish;
 mod status;
+mod sweep;
 
 pub use self::admin::{OpsError, QueueState};
 pub use self::ladder_migrate::{LadderMigration, LadderMigrationRefused, LadderMigrationReport};

@@ -1,20 +1,26 @@
 //! `order-expiry parked list|replay|purge`: what is in `P.parked`, re-driving
 //! what can now be processed, and emptying it.
 //!
-//! Every message is fetched unacked on one channel; what is not acked (not
-//! selected, still malformed) goes back to the queue when that channel closes.
-//! A replayed message is published afresh and confirmed before its parked
-//! copy is acked ([`Republisher`]). So each command can be made again, and
-//! when its node goes away it is, through another node (`Resume`).
+//! Every message is read unacked on one channel, through a consumer
+//! ([`Sweep`]); what is not acked (not selected, still malformed, listed)
+//! goes back to the queue when that channel closes. A replayed message is
+//! published afresh and confirmed before its parked copy is acked
+//! ([`Republisher`]). So each command can be made again, and when its node
+//! goes away it is, through another node (`Resume`); that attempt does not
+//! end before the broker has given back what the lost channel held
+//! (`Parked::given_back_by`).
 
 use chrono::{DateTime, Utc};
+use std::time::{Duration, Instant};
+
 use lapin::Channel;
-use lapin::message::BasicGetMessage;
-use lapin::options::{BasicGetOptions, QueuePurgeOptions};
+use lapin::message::Delivery;
+use lapin::options::QueuePurgeOptions;
 use lapin::types::AMQPValue;
 
 use super::admin::{Admin, OpsError, Resume};
 use super::republish::Republisher;
+use super::sweep::{Sweep, WINDOW};
 use crate::amqp;
 use crate::settings::Settings;
 use crate::topology::Route;
@@ -58,7 +64,7 @@ pub struct ReplayReport {
     pub not_selected: usize,
 }
 
-/// The parked queue of `settings`, fetched over one admin connection.
+/// The parked queue of `settings`, read over one admin connection.
 pub struct Parked {
     admin: Admin,
     queue: String,
@@ -109,10 +115,14 @@ impl Parked {
     /// Up to `limit` messages, oldest first; they all stay parked.
     pub async fn list(&mut self, limit: u32) -> Result<Vec<ParkedMessage>, OpsError> {
         let mut resume = Resume::connected_already("parked list").through(&self.settings.amqp.url);
+        let mut settle_by = None;
         loop {
-            match self.list_once(limit).await {
+            match self.list_once(limit, settle_by).await {
                 Ok(listed) => return Ok(listed),
-                Err(error) => resume.after(error).await?,
+                Err(error) => {
+                    settle_by = Some(self.given_back_by());
+                    resume.after(error).await?;
+                }
             }
             if let Err(error) = self.admin.reopen().await {
                 resume.after(error).await?;
@@ -120,27 +130,63 @@ impl Parked {
         }
     }
 
-    async fn list_once(&mut self, limit: u32) -> Result<Vec<ParkedMessage>, OpsError> {
+    async fn list_once(
+        &mut self,
+        limit: u32,
+        settle_by: Option<Instant>,
+    ) -> Result<Vec<ParkedMessage>, OpsError> {
         self.depth_once().await?;
         let channel = self.admin.own_channel().await?;
-        let fetched = self.fetch(&channel, limit).await;
+        let window = u16::try_from(limit).unwrap_or(WINDOW).min(WINDOW);
+        let mut sweep = Sweep::new(&mut self.admin, &channel, &self.queue, window, settle_by);
+        let mut listed = Vec::new();
+        let read = async {
+            while listed.len() < usize::try_from(limit).unwrap_or(usize::MAX) {
+                let Some(delivery) = sweep.next().await? else {
+                    break;
+                };
+                listed.push(describe(&delivery));
+                sweep.hold();
+            }
+            Ok::<_, OpsError>(())
+        }
+        .await;
         self.release(channel).await;
-        Ok(fetched?.iter().map(describe).collect())
+        read.map(|()| listed)
+    }
+
+    /// When the broker will have given back what a channel held, for an
+    /// attempt after that channel's node was lost now: a quorum queue's
+    /// `x-consumer-disconnected-timeout` after the node is seen gone
+    /// (`topology.consumer_disconnected_timeout_ms`; 0 leaves RabbitMQ
+    /// 4.3's default, 60 s), and 2 s for the cluster to see it. A node that
+    /// hangs rather than dies is seen gone only after `net_ticktime`: what
+    /// its channel held can come back after the attempt ended, still parked.
+    fn given_back_by(&self) -> Instant {
+        let timeout = match self.settings.topology.consumer_disconnected_timeout {
+            Duration::ZERO => Duration::from_secs(60),
+            set => set,
+        };
+        Instant::now() + timeout + Duration::from_secs(2)
     }
 
     /// Re-drives the `selection` (see the module docs). Every message is
-    /// fetched until the queue has no more ready ones (not up to a count: the
+    /// read until the queue has no more ready ones (not up to a count: the
     /// count a passive declare gives lags behind messages just returned).
-    /// After a lost node, the next attempt fetches again what the last one
+    /// After a lost node, the next attempt reads again what the last one
     /// had not moved.
     pub async fn replay(&mut self, selection: &ReplaySelection) -> Result<ReplayReport, OpsError> {
         let mut resume =
             Resume::connected_already("parked replay").through(&self.settings.amqp.url);
         let mut report = ReplayReport::default();
+        let mut settle_by = None;
         loop {
-            match self.replay_once(selection, &mut report).await {
+            match self.replay_once(selection, &mut report, settle_by).await {
                 Ok(()) => return Ok(report),
-                Err(error) => resume.after(error).await?,
+                Err(error) => {
+                    settle_by = Some(self.given_back_by());
+                    resume.after(error).await?;
+                }
             }
             if let Err(error) = self.admin.reopen().await {
                 resume.after(error).await?;
@@ -152,23 +198,12 @@ impl Parked {
         &mut self,
         selection: &ReplaySelection,
         report: &mut ReplayReport,
+        settle_by: Option<Instant>,
     ) -> Result<(), OpsError> {
         self.depth_once().await?;
         // What was left parked comes back to the queue and is seen again.
         report.still_malformed.clear();
         report.not_selected = 0;
-        let channel = self.admin.own_channel().await?;
-        let result = self.replay_on(&channel, selection, report).await;
-        self.release(channel).await;
-        result
-    }
-
-    async fn replay_on(
-        &self,
-        channel: &Channel,
-        selection: &ReplaySelection,
-        report: &mut ReplayReport,
-    ) -> Result<(), OpsError> {
         let republisher = Republisher {
             confirm: self.admin.confirm_channel().await?,
             ladder: self.settings.ladder()?,
@@ -177,41 +212,17 @@ impl Parked {
             max_body_bytes: self.settings.consumer.max_body_bytes,
             timeout: self.admin.timeout,
         };
-        while let Some(got) = self.get(channel).await? {
-            let seen = describe(&got);
-            let selected = match selection {
-                ReplaySelection::All => true,
-                ReplaySelection::Reason(text) => seen
-                    .reason
-                    .as_deref()
-                    .is_some_and(|r| r.contains(text.as_str())),
-                ReplaySelection::OrderId(id) => body_order_ids(&got.delivery.data).contains(id),
-            };
-            if !selected {
-                report.not_selected += 1;
-                continue;
-            }
-            match republisher.decode(&got.delivery) {
-                Err(malformed) => {
-                    let who = seen.order_id.unwrap_or(seen.excerpt);
-                    report.still_malformed.push((who, malformed));
-                }
-                Ok(messages) => {
-                    let route: Route = republisher.move_one(&got, &messages).await?;
-                    match route.exchange == republisher.ladder.due_exchange() {
-                        true => report.to_due += 1,
-                        false => report.to_ladder += 1,
-                    }
-                }
-            }
-        }
+        let channel = self.admin.own_channel().await?;
+        let mut sweep = Sweep::new(&mut self.admin, &channel, &self.queue, WINDOW, settle_by);
+        let result = replay_from(&mut sweep, &republisher, selection, report).await;
         let _ = amqp::bounded(
             "channel.close",
             self.admin.timeout,
             republisher.confirm.channel().close(200, "replayed".into()),
         )
         .await;
-        Ok(())
+        self.release(channel).await;
+        result
     }
 
     /// Deletes every parked message; how many there were.
@@ -245,38 +256,53 @@ impl Parked {
         self.admin.close().await;
     }
 
-    async fn fetch(&self, channel: &Channel, n: u32) -> Result<Vec<BasicGetMessage>, OpsError> {
-        let mut fetched = Vec::new();
-        for _ in 0..n {
-            match self.get(channel).await? {
-                Some(got) => fetched.push(got),
-                None => break,
-            }
-        }
-        Ok(fetched)
-    }
-
-    async fn get(&self, channel: &Channel) -> Result<Option<BasicGetMessage>, OpsError> {
-        let getting = channel.basic_get(
-            self.queue.as_str().into(),
-            BasicGetOptions { no_ack: false },
-        );
-        Ok(amqp::bounded(
-            format!("basic.get {}", self.queue),
-            self.admin.timeout,
-            getting,
-        )
-        .await?)
-    }
-
-    /// Closes `channel`: what it fetched and did not ack goes back to the queue.
+    /// Closes `channel`: what it read and did not ack goes back to the queue.
     async fn release(&self, channel: Channel) {
         let closing = channel.close(200, "released".into());
         let _ = amqp::bounded("channel.close", self.admin.timeout, closing).await;
     }
 }
 
-/// What `parked list` shows of a fetched message.
+/// Moves the selected messages the sweep reads; holds the others.
+async fn replay_from(
+    sweep: &mut Sweep<'_>,
+    republisher: &Republisher,
+    selection: &ReplaySelection,
+    report: &mut ReplayReport,
+) -> Result<(), OpsError> {
+    while let Some(delivery) = sweep.next().await? {
+        let seen = describe(&delivery);
+        let selected = match selection {
+            ReplaySelection::All => true,
+            ReplaySelection::Reason(text) => seen
+                .reason
+                .as_deref()
+                .is_some_and(|r| r.contains(text.as_str())),
+            ReplaySelection::OrderId(id) => body_order_ids(&delivery.data).contains(id),
+        };
+        if !selected {
+            report.not_selected += 1;
+            sweep.hold();
+            continue;
+        }
+        match republisher.decode(&delivery) {
+            Err(malformed) => {
+                let who = seen.order_id.unwrap_or(seen.excerpt);
+                report.still_malformed.push((who, malformed));
+                sweep.hold();
+            }
+            Ok(messages) => {
+                let route: Route = republisher.move_one(&delivery, &messages).await?;
+                match route.exchange == republisher.ladder.due_exchange() {
+                    true => report.to_due += 1,
+                    false => report.to_ladder += 1,
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The `order_id`s a body names, read leniently (a parked body may break
 /// any rule): a v1 message's, or each of a v2 bundle's orders.
 fn body_order_ids(body: &[u8]) -> Vec<String> {
@@ -290,8 +316,9 @@ fn body_order_ids(body: &[u8]) -> Vec<String> {
     }
 }
 
-fn describe(got: &BasicGetMessage) -> ParkedMessage {
-    let properties = &got.delivery.properties;
+/// What `parked list` shows of a message.
+fn describe(delivery: &Delivery) -> ParkedMessage {
+    let properties = &delivery.properties;
     let reason =
         properties
             .headers()
@@ -300,13 +327,13 @@ fn describe(got: &BasicGetMessage) -> ParkedMessage {
                 Some(AMQPValue::LongString(s)) => Some(s.to_string()),
                 _ => None,
             });
-    let ids = body_order_ids(&got.delivery.data);
+    let ids = body_order_ids(&delivery.data);
     let order_id = match ids.as_slice() {
         [] => None,
         [one] => Some(one.clone()),
         [first, rest @ ..] => Some(format!("{first} (+{} more in its bundle)", rest.len())),
     };
-    let text = String::from_utf8_lossy(&got.delivery.data);
+    let text = String::from_utf8_lossy(&delivery.data);
     let excerpt: String = text
         .chars()
         .take(120)

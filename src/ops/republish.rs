@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use lapin::message::{BasicGetMessage, Delivery};
+use lapin::message::Delivery;
 use lapin::options::BasicAckOptions;
 
 use super::admin::OpsError;
@@ -50,17 +50,17 @@ impl Republisher {
 
     /// Publishes `messages` (one, or a bundle's orders, as one message again)
     /// afresh into the current ladder ([`Republisher::outgoing`]), waits for
-    /// the confirm, then acks `got`.
+    /// the confirm, then acks `delivery`.
     pub(crate) async fn move_one(
         &self,
-        got: &BasicGetMessage,
+        delivery: &Delivery,
         messages: &[ExpiryMessage],
     ) -> Result<Route, OpsError> {
-        let (outgoing, what) = self.outgoing(&got.delivery, messages)?;
+        let (outgoing, what) = self.outgoing(delivery, messages)?;
         let publishing = outgoing.publish(&self.confirm);
         let confirmation = amqp::bounded("publisher confirm", self.timeout, publishing).await?;
         taken(&confirmation, &outgoing.route.exchange, &what)?;
-        ack(got, self.timeout).await?;
+        ack(delivery, self.timeout).await?;
         Ok(outgoing.route)
     }
 
@@ -130,9 +130,9 @@ pub(crate) fn taken(confirmed: &Confirmed, exchange: &str, what: &str) -> Result
     }
 }
 
-/// Acks a fetched message; an ack the channel did not take is an error.
-pub(crate) async fn ack(got: &BasicGetMessage, timeout: Duration) -> Result<(), OpsError> {
-    let acking = got.delivery.acker.ack(BasicAckOptions::default());
+/// Acks a delivery; an ack the channel did not take is an error.
+pub(crate) async fn ack(delivery: &Delivery, timeout: Duration) -> Result<(), OpsError> {
+    let acking = delivery.acker.ack(BasicAckOptions::default());
     match amqp::bounded("basic.ack", timeout, acking).await? {
         true => Ok(()),
         false => Err(OpsError::AckRefused),

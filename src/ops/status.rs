@@ -4,17 +4,18 @@
 //! messages and consumers but not its unacked ones, so the due queue's
 //! `unacked` is `null` (the consumer's `/metrics` and `rabbitmqctl
 //! list_queues messages_unacknowledged` have it). The parked queue's oldest
-//! message is its head, fetched unacked and returned by closing the channel.
+//! message is its head, read unacked by a consumer and returned by closing
+//! the channel.
 //! The database part reads the default `orders` table and the outbox table.
 
 use std::fmt;
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
-use lapin::options::BasicGetOptions;
 use serde::Serialize;
 
 use super::admin::{Admin, OpsError, Resume};
+use super::sweep::Sweep;
 use crate::amqp;
 use crate::service::PgOrderStore;
 use crate::service::clock::{OffsetEstimate, reading_bounds};
@@ -300,19 +301,22 @@ async fn broker_part(
     Ok((levels, due, parked))
 }
 
-/// The parked time of the queue's head: fetched unacked on a channel of its
-/// own, returned to the queue when that channel closes.
-async fn oldest_parked_at(admin: &Admin, queue: &str) -> Result<Option<DateTime<Utc>>, OpsError> {
+/// The parked time of the queue's head: read unacked on a channel of its
+/// own, through a consumer ([`Sweep`]), and returned to the queue when that
+/// channel closes.
+async fn oldest_parked_at(
+    admin: &mut Admin,
+    queue: &str,
+) -> Result<Option<DateTime<Utc>>, OpsError> {
     let channel = admin.own_channel().await?;
-    let getting = channel.basic_get(queue.into(), BasicGetOptions { no_ack: false });
-    let head = amqp::bounded(format!("basic.get {queue}"), admin.timeout, getting).await;
+    let head = Sweep::new(admin, &channel, queue, 1, None).next().await;
     let _ = amqp::bounded(
         "channel.close",
         admin.timeout,
         channel.close(200, "peeked".into()),
     )
     .await;
-    Ok(head?.and_then(|m| super::parked_at(&m.delivery.properties)))
+    Ok(head?.and_then(|delivery| super::parked_at(&delivery.properties)))
 }
 
 /// Three timed readings of the database's clock; the best one's offset.

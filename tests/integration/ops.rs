@@ -1,6 +1,7 @@
 //! Operator commands as an operator runs them, against the real broker and
 //! database: `status [--json]`, `parked list|replay|purge`.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use chrono::{TimeDelta, Utc};
@@ -248,6 +249,37 @@ async fn parked_list_and_selective_replay_strip_the_dead_letter_headers() {
     assert_depth(&env, &parked_queue, 1).await;
     let in_levels = env.ladder_depth(None).await - env.depth(&due_queue).await;
     assert_eq!(in_levels, 1, "p-future waits in the ladder");
+    env.cleanup().await;
+}
+
+/// More parked messages than one consumer of the sweep may hold (its window,
+/// 256): `replay --order-id` finds the one it selects behind 600 it leaves
+/// parked, and `list` shows them all, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_replay_and_list_reach_past_a_window_of_held_messages() {
+    let env = World::new().await;
+    let due = Utc::now() + TimeDelta::seconds(50);
+    let parked_queue = env.ladder().parked_queue();
+    for i in 0..600 {
+        let body = message(&format!("p-{i}"), due).encode();
+        park(&env, &body, "still pending").await;
+    }
+    park(&env, &message("p-last", due).encode(), "still pending").await;
+    let out = env
+        .cli_ok(&["parked", "replay", "--order-id", "p-last"])
+        .await;
+    let moved = "replayed 1: 0 to the due exchange (due time passed), 1 through the ladder";
+    assert!(out.starts_with(moved), "{out}");
+    assert!(out.contains("600 not selected"), "{out}");
+    assert_depth(&env, &parked_queue, 600).await;
+    let listed = env.cli_ok(&["parked", "list", "--limit", "1000"]).await;
+    assert!(listed.starts_with("600 parked messages\n"), "{listed}");
+    let shown: HashSet<&str> = listed
+        .lines()
+        .filter_map(|line| line.split("order ").nth(1)?.split_whitespace().next())
+        .collect();
+    assert_eq!(shown.len(), 600, "each parked order once: {listed}");
+    assert!(!shown.contains("p-last"), "{listed}");
     env.cleanup().await;
 }
 
