@@ -176,13 +176,18 @@ impl Service {
         let http = tokio::spawn(http::serve(self.listener, self.router, http_stop.clone()));
         let sweep_stop = shutdown.child_token();
         // The offsets from the reference clocks before the first delivery: a
-        // reference that does not answer soon is left to the next probe
-        // (until then the cancel statement's own now() rule, or the order
-        // service's 425, keeps every cancel from being early).
+        // reference that does not answer soon is read again every quarter
+        // second until it does (until then the cancel statement's own now()
+        // rule, or the order service's 425, keeps every cancel from being
+        // early, and a host that is behind holds orders late).
         let mut clocks = Vec::with_capacity(self.clocks.len());
         for mut clock in self.clocks {
-            let _ = tokio::time::timeout(FIRST_PROBE, clock.probe()).await;
-            clocks.push(tokio::spawn(clock.run(sweep_stop.clone())));
+            let first = tokio::time::timeout(FIRST_PROBE, clock.probe()).await;
+            let measured = first.unwrap_or(false);
+            if !measured {
+                warn!("no reading of the reference clock at start; trying again until one");
+            }
+            clocks.push(tokio::spawn(clock.run(measured, sweep_stop.clone())));
         }
         let sweeper = self
             .sweeper

@@ -36,6 +36,11 @@ use crate::telemetry::CLOCK_OFFSET_SECONDS;
 /// round trip pins it best.
 const READINGS_PER_PROBE: usize = 3;
 
+/// How soon a reference clock is read again while it has never answered (a
+/// lost or slow first probe): a whole `clock.probe_interval_ms` of orders held
+/// by an unmeasured clock would be late by the whole skew.
+const REMEASURE: Duration = Duration::from_millis(250);
+
 /// The offset the readings of a reference clock allow; see the module docs.
 #[derive(Debug)]
 pub(crate) struct OffsetEstimate {
@@ -234,8 +239,8 @@ impl ClockWatch {
 
     /// One probe. The database is read a few times, and the reading with
     /// the shortest round trip pins it best; an unreachable reference keeps
-    /// the last offset.
-    pub(crate) async fn probe(&mut self) {
+    /// the last offset. Whether the reference answered with its time.
+    pub(crate) async fn probe(&mut self) -> bool {
         let (store, estimate, report) = match &mut self.source {
             Source::OrderService(http) => return http.probe_clock().await,
             Source::Database {
@@ -260,14 +265,22 @@ impl ClockWatch {
         if let Some(offset) = best {
             report.publish(offset);
         }
+        best.is_some()
     }
 
-    /// Probes every interval until `shutdown`.
-    pub(crate) async fn run(mut self, shutdown: CancellationToken) {
+    /// Probes every interval until `shutdown`; every [`REMEASURE`] instead
+    /// while the reference has not answered once (`measured` says whether
+    /// the first probe did): until then orders are held by this host's
+    /// uncorrected clock, late by as much as it is behind.
+    pub(crate) async fn run(mut self, mut measured: bool, shutdown: CancellationToken) {
         loop {
+            let wait = match measured {
+                true => self.interval,
+                false => REMEASURE.min(self.interval),
+            };
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(self.interval) => self.probe().await,
+                _ = tokio::time::sleep(wait) => measured |= self.probe().await,
             }
         }
     }

@@ -7,12 +7,14 @@
 //! that comes before `due_at`. The sweeper is off: every cancel is the
 //! consumer's.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use order_expiry::Scheduler;
 use order_expiry_testkit::{
-    Endpoint, MovableClock, Served, Subscriber, World, assert_on_time, at_ms, orders, skewed_clock,
+    Endpoint, MovableClock, Proxy, Served, Subscriber, World, assert_on_time, at_ms, database,
+    orders, skewed_clock, with_search_path,
 };
 
 /// How far `serve`'s clock is off, in seconds.
@@ -77,6 +79,48 @@ async fn a_clock_that_jumps_ahead_unmeasured_is_still_never_early() {
         "FIGURES clock sql serve jumped +{SKEW_S} s unmeasured: {figures}; refused as not due {refused}"
     );
     assert!(refused > 0.0, "the database never refused an early cancel");
+    drop(served);
+    env.cleanup().await;
+}
+
+/// Whether the proxy in front of `serve`'s database resets a connection that
+/// reads the database's clock.
+static CUT_CLOCK_READS: AtomicBool = AtomicBool::new(true);
+
+/// Picks the bytes of a reading of the database's clock while
+/// [`CUT_CLOCK_READS`] is set.
+fn clock_read(bytes: &[u8]) -> bool {
+    CUT_CLOCK_READS.load(Ordering::SeqCst) && bytes.windows(15).any(|w| w == b"clock_timestamp")
+}
+
+/// `serve` 5 s behind whose first reading of the database's clock is lost
+/// (its connection reset, as a database slow to answer at start is given
+/// up on): until it measures, it holds orders by its own clock, 5 s late.
+/// It must read the clock again soon, not a whole probe interval later (10 s
+/// here: every order would be late).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_behind_whose_first_clock_reading_is_lost_is_on_time() {
+    let env = World::new().await;
+    let proxy = Proxy::cutting("127.0.0.1:5432".parse().expect("an address"), clock_read).await;
+    let url = format!("postgres://postgres@{}/{}", proxy.addr(), database());
+    let mut vars = skewed_clock(-SKEW_S);
+    vars.push((
+        "ORDER_EXPIRY__DATABASE__URL",
+        with_search_path(&url, env.schema()),
+    ));
+    vars.push(("ORDER_EXPIRY__CLOCK__PROBE_INTERVAL_MS", "10000".to_owned()));
+    let served = start(&env, &vars).await;
+    CUT_CLOCK_READS.store(false, Ordering::SeqCst);
+    assert!(
+        proxy.cuts() > 0,
+        "serve's first reading of the clock went through"
+    );
+    let orders = schedule(&env, "lost", Carried::Alone).await;
+    let figures = judge(&env, &orders).await;
+    eprintln!(
+        "FIGURES clock sql serve -{SKEW_S} s, first reading lost: {figures}; cut {}",
+        proxy.cuts()
+    );
     drop(served);
     env.cleanup().await;
 }

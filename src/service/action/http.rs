@@ -88,13 +88,17 @@ impl HttpAction {
     /// Reads the order service's clock without an order: `HEAD {base_url}`,
     /// whose answer (any status) carries a `Date`. `serve` does it at start
     /// and every `clock.probe_interval_ms`, so the offset is known before the
-    /// first order is due, and narrows between orders.
-    pub(crate) async fn probe_clock(&self) {
+    /// first order is due, and narrows between orders. Whether the service
+    /// answered (one that answers without a `Date` will not carry one if
+    /// asked again soon).
+    pub(crate) async fn probe_clock(&self) -> bool {
         let url = format!("{}/", self.client.base);
         let (answer, exchange) = self.client.send_timed(|http| http.head(url)).await;
-        if let Some(exchange) = exchange {
-            self.measure(None, &answer, &exchange);
-        }
+        let Some(exchange) = exchange else {
+            return false;
+        };
+        self.measure(None, &answer, &exchange);
+        true
     }
 
     /// Measures the order service's clock by what one answer says of it: its
