@@ -21,6 +21,11 @@ use super::work::Pending;
 use crate::clock::Clock;
 use crate::service::rate::Rate;
 
+/// Longest the holds' timer sleeps before it reads the reference clock again:
+/// its offset may be corrected meanwhile (the first measurement, a step), and
+/// a timer set by the old one would release late by as much as the correction.
+const RECHECK: Duration = Duration::from_millis(250);
+
 /// Deliveries (or orders of bundles) not in a batch yet.
 pub(super) struct Backlog {
     /// Early deliveries, each until its `process_at`.
@@ -115,8 +120,10 @@ impl Backlog {
         };
         // The timer has millisecond ticks and rounds up; the reference
         // clock decides in release_due, so a clock a fraction behind the
-        // timer only means one more short wait, never an early cancel.
+        // timer only means one more short wait, never an early cancel. It
+        // wakes at least every RECHECK, to go by an offset corrected since.
         let left = (*at - self.clock.now()).to_std().unwrap_or(Duration::ZERO);
+        let left = left.min(RECHECK);
         let deadline = Instant::now() + left;
         if self.held.timer.deadline() != deadline {
             self.held.timer.as_mut().reset(deadline);
@@ -275,6 +282,32 @@ mod tests {
             }
         }
         assert_eq!(released, ["o1-0", "o2-0", "o0-0"], "the earliest first");
+    }
+
+    #[tokio::test]
+    async fn a_hold_made_before_the_clock_was_corrected_goes_by_the_corrected_clock() {
+        // This host's clock 5 s behind the reference, not measured yet.
+        let clock = Clock::local();
+        clock.set_offset(TimeDelta::seconds(-5));
+        let mut backlog = Backlog::new(clock.clone(), 0);
+        hold(&mut backlog, "o", 1, Duration::from_millis(100));
+        let released = async {
+            loop {
+                backlog.next_due().await;
+                backlog.release_due();
+                if let Some((batch, _)) = backlog.next_batch(200) {
+                    return batch.len();
+                }
+            }
+        };
+        let measured = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            clock.set_offset(TimeDelta::zero());
+        };
+        let limit = Duration::from_secs(2);
+        let (released, ()) = tokio::join!(tokio::time::timeout(limit, released), measured);
+        let released = released.expect("held past 2 s: by the timer the clock 5 s behind set");
+        assert_eq!(released, 1);
     }
 
     #[tokio::test]
