@@ -271,6 +271,9 @@ pub struct Figures {
     /// Largest `cancelled_at - max(due_at, recovered)`: the lateness a
     /// scenario's bound is about (`max_lateness` without `recovered`).
     pub max_after_recovery: Duration,
+    /// The order of `max_after_recovery`: its id, due time and cancel time
+    /// by the database's clock, so that a broken bound names it.
+    pub latest: Option<String>,
     /// Lost, wrong and early orders, for the failure message.
     pub bad: Vec<String>,
 }
@@ -311,8 +314,14 @@ impl Figures {
                     }
                 }
                 let from = recovered.map_or(row.pay_deadline, |r| row.pay_deadline.max(r));
-                if let Ok(late) = (cancelled_at - from).to_std() {
-                    f.max_after_recovery = f.max_after_recovery.max(late);
+                if let Ok(late) = (cancelled_at - from).to_std()
+                    && (f.latest.is_none() || late > f.max_after_recovery)
+                {
+                    f.max_after_recovery = late;
+                    f.latest = Some(format!(
+                        "{}: due {}, cancelled {}",
+                        placed.id, row.pay_deadline, cancelled_at
+                    ));
                 }
             }
             if placed.scheduled
@@ -521,6 +530,11 @@ mod tests {
         let f = Figures::audit(&ledger, &rows, None);
         assert_eq!((f.cancelled, f.early, f.lost), (2, 1, 1));
         assert_eq!(f.max_lateness, Duration::from_millis(700));
+        let latest = f.latest.as_deref().expect("the latest cancel");
+        assert!(
+            latest.starts_with("late: due 1970-01-01 00:00:01 UTC"),
+            "{latest}"
+        );
         assert!(!f.settled());
         let broken = std::panic::catch_unwind(|| f.assert_invariants());
         assert!(broken.is_err(), "a lost order breaks the invariants");
