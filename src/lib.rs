@@ -47,6 +47,10 @@
 //!   PostgreSQL, clap or the Prometheus exporter.
 //! - `outbox` (in `service`; on its own beside `default-features = false`):
 //!   `Scheduler::schedule_in_tx`. Adds tokio-postgres only.
+//! - `otel`: the OpenTelemetry API and its bridge from `tracing` spans.
+//! - `otlp` (default; implies `otel` and `service`): span export over
+//!   OTLP/HTTP from the binary, off at run time until `telemetry.otlp` or the
+//!   standard `OTEL_*` variables turn it on.
 //!
 //! # Layout
 //!
@@ -61,7 +65,7 @@
 //! - [`settings`]: typed [`Settings`]: `config/default.toml`, a file,
 //!   `ORDER_EXPIRY__…` variables.
 //! - `telemetry`: the metrics catalog; with `service`, the tracing subscriber
-//!   and Prometheus recorder.
+//!   and Prometheus recorder; with `otlp`, span export (`OtlpExport`).
 //! - `service` (feature): consumer session, acks, actions (SQL, HTTP, events)
 //!   and the payment check, orders store, sweeper, outbox relay, HTTP, shutdown.
 //! - `ops` (feature `service`): operator tooling over AMQP and SQL: `status`,

@@ -1,4 +1,5 @@
-//! `order-expiry`: parse the command line, load settings, start telemetry, dispatch.
+//! `order-expiry`: parse the command line, load settings, start telemetry,
+//! dispatch, and flush the spans still buffered before exiting.
 
 #![deny(unsafe_code)]
 #![warn(missing_debug_implementations, unreachable_pub, missing_docs)]
@@ -35,6 +36,26 @@ async fn run() -> anyhow::Result<ExitCode> {
     } else {
         settings.log.filter.clone()
     };
-    order_expiry::telemetry::init_tracing(format, &filter);
-    cli::run(args.command, settings).await
+    #[cfg(not(feature = "otlp"))]
+    {
+        order_expiry::telemetry::init_tracing(format, &filter);
+        cli::run(args.command, settings).await
+    }
+    #[cfg(feature = "otlp")]
+    {
+        let export = order_expiry::telemetry::init_tracing_and_export(
+            format,
+            &filter,
+            &settings.telemetry.otlp,
+        )
+        .context("starting span export (telemetry.otlp, OTEL_*)")?;
+        let code = cli::run(args.command, settings).await;
+        // Last, after `serve` has drained: the spans of its final orders.
+        if let Some(export) = export
+            && let Err(error) = export.shutdown().await
+        {
+            tracing::warn!(error = %error, "the last spans were not exported");
+        }
+        code
+    }
 }

@@ -63,6 +63,8 @@ pub struct Settings {
     pub http: HttpSettings,
     /// Logging.
     pub log: LogSettings,
+    /// Trace export (`telemetry.otlp`).
+    pub telemetry: TelemetrySettings,
 }
 
 /// How to reach the broker.
@@ -377,6 +379,32 @@ pub struct LogSettings {
     pub filter: String,
 }
 
+/// Telemetry beyond logs and Prometheus metrics.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TelemetrySettings {
+    /// Span export over OTLP (`telemetry.otlp`).
+    pub otlp: OtlpSettings,
+}
+
+/// Span export over OTLP/HTTP to a collector (feature `otlp`). The standard
+/// `OTEL_*` variables win over every key here; the binary's
+/// `telemetry::OtlpExport` applies them.
+#[derive(Debug, Clone, Deserialize)]
+pub struct OtlpSettings {
+    /// Whether `serve` and the commands export spans.
+    pub enabled: bool,
+    /// The collector's base URL; `/v1/traces` is appended.
+    pub endpoint: String,
+    /// The resource's `service.name`.
+    pub service_name: String,
+    /// One of the `OTEL_TRACES_SAMPLER` names.
+    pub sampler: String,
+    /// The ratio of the `traceidratio` samplers, 0.0 to 1.0.
+    pub sampler_arg: f64,
+    /// More resource attributes, `key=value,key=value`.
+    pub resource_attributes: String,
+}
+
 impl Default for Settings {
     /// The built-in defaults: `config/default.toml`, embedded, with no file and
     /// no environment. A unit test proves it parses.
@@ -454,7 +482,9 @@ mod tests {
             ("ORDER_EXPIRY__SWEEPER__ENABLED", "false"),
             ("ORDER_EXPIRY__SWEEPER__GRACE_MS", "1500"),
             ("ORDER_EXPIRY__CONSUMER__MAX_HOLD_MS", "250"),
+            ("ORDER_EXPIRY__TELEMETRY__OTLP__ENABLED", "true"),
         ]);
+        assert!(s.telemetry.otlp.enabled);
         assert_eq!((s.topology.prefix.as_str(), s.consumer.prefetch), ("t1", 7));
         assert_eq!(s.http.listen, "0.0.0.0:9");
         assert_eq!(s.amqp.tls_ca_file, Some(PathBuf::from("/etc/tls/ca.pem")));
@@ -480,6 +510,8 @@ mod tests {
         assert!(s.sweeper.grace >= Duration::from_secs(1));
         assert!(s.sweeper.grace + s.sweeper.interval <= Duration::from_secs(5));
         assert_eq!(s.overdue.margin, Duration::from_secs(10));
+        assert!(!s.telemetry.otlp.enabled, "no span export unless asked");
+        assert_eq!(s.telemetry.otlp.sampler, "parentbased_always_on");
         let sweep = &s.sweeper.sweep_sql;
         assert!(sweep.contains("status = 'unpaid' RETURNING id"));
     }

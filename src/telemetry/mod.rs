@@ -1,13 +1,18 @@
-//! Logs and metrics: the catalog of every metric (publisher and service alike),
-//! and, with the service, the tracing subscriber and the Prometheus recorder.
+//! Logs, metrics and traces: the catalog of every metric (publisher and service
+//! alike); with the service, the tracing subscriber and the Prometheus
+//! recorder; with `otlp`, span export to an OpenTelemetry collector.
 
 mod catalog;
+#[cfg(feature = "otlp")]
+mod otlp;
 #[cfg(feature = "service")]
 mod recorder;
 #[cfg(feature = "service")]
 mod subscriber;
 
 pub(crate) use self::catalog::*;
+#[cfg(feature = "otlp")]
+pub use self::otlp::{OtlpConfigError, OtlpError, OtlpExport};
 #[cfg(feature = "service")]
 pub(crate) use self::recorder::metrics_handle;
 #[cfg(feature = "service")]
@@ -16,3 +21,5 @@ pub use self::subscriber::init_tracing;
 #[cfg(feature = "service")]
 #[doc(hidden)]
 pub use self::subscriber::init_tracing_for_tests;
+#[cfg(feature = "otlp")]
+pub use self::subscriber::{dispatch_with_export, init_tracing_and_export};

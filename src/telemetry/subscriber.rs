@@ -1,38 +1,88 @@
-//! One place that sets up logging: text or JSON lines on stderr.
+//! One place that sets up logging (text or JSON lines on stderr) and, with
+//! feature `otlp`, the bridge that exports spans.
 
 use std::fmt::{Debug, Write};
 
 use tracing::field::{Field, Visit};
-use tracing::{Event, Level, Subscriber};
+use tracing::{Dispatch, Event, Level, Subscriber};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
-use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{EnvFilter, fmt};
+use tracing_subscriber::{EnvFilter, Registry, fmt};
 
 use crate::settings::LogFormat;
+#[cfg(feature = "otlp")]
+use crate::telemetry::{OtlpError, OtlpExport};
 
 /// Installs the global tracing subscriber. `RUST_LOG` overrides `filter`. Logs go
 /// to stderr so that stdout stays for command output (`topology export`).
 /// Calling it twice (tests) keeps the first.
 pub fn init_tracing(format: LogFormat, filter: &str) {
+    let _ = tracing::dispatcher::set_global_default(dispatch(format, filter, None));
+}
+
+/// [`init_tracing`], and span export when `telemetry.otlp` or the `OTEL_*`
+/// variables turn it on (feature `otlp`): the binary's one set-up. Keep the
+/// returned export and [`OtlpExport::shutdown`] it last, or the last spans are
+/// lost. Must run inside a tokio runtime.
+#[cfg(feature = "otlp")]
+pub fn init_tracing_and_export(
+    format: LogFormat,
+    filter: &str,
+    otlp: &crate::settings::OtlpSettings,
+) -> Result<Option<OtlpExport>, OtlpError> {
+    let export = OtlpExport::start(otlp)?;
+    let installed = tracing::dispatcher::set_global_default(dispatch_with_export(
+        format,
+        filter,
+        export.as_ref(),
+    ));
+    if let Some(export) = &export {
+        if installed.is_ok() {
+            opentelemetry::global::set_tracer_provider(export.provider().clone());
+        }
+        let endpoint = secrecy::SecretString::from(export.endpoint().to_owned());
+        let endpoint = crate::settings::redact_url(&endpoint);
+        tracing::info!(%endpoint, "exporting spans over OTLP");
+    }
+    Ok(export)
+}
+
+/// The subscriber [`init_tracing_and_export`] installs, for a test to install
+/// on its own thread (`tracing::dispatcher::set_default`).
+#[cfg(feature = "otlp")]
+pub fn dispatch_with_export(
+    format: LogFormat,
+    filter: &str,
+    export: Option<&OtlpExport>,
+) -> Dispatch {
+    let otel = export.map(|e| Box::new(e.layer::<Registry>()) as OtelLayer);
+    dispatch(format, filter, otel)
+}
+
+/// A layer that sees every span first (the OpenTelemetry bridge), boxed so the
+/// subscriber has one type whichever features are on.
+type OtelLayer = Box<dyn Layer<Registry> + Send + Sync>;
+
+/// One subscriber for every binary and test: the OpenTelemetry layer when
+/// export is on, the filter, then text or JSON lines on stderr.
+fn dispatch(format: LogFormat, filter: &str, otel: Option<OtelLayer>) -> Dispatch {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(filter))
         .unwrap_or_else(|_| EnvFilter::new("info"));
     let registry = tracing_subscriber::registry()
+        .with(otel)
         .with(filter)
         .with(ExpectedNotFound);
-    let _ = match format {
-        LogFormat::Text => registry
-            .with(fmt::layer().with_writer(std::io::stderr))
-            .try_init(),
-        LogFormat::Json => registry
-            .with(
+    match format {
+        LogFormat::Text => Dispatch::new(registry.with(fmt::layer().with_writer(std::io::stderr))),
+        LogFormat::Json => Dispatch::new(
+            registry.with(
                 fmt::layer()
                     .json()
                     .with_current_span(true)
                     .with_writer(std::io::stderr),
-            )
-            .try_init(),
-    };
+            ),
+        ),
+    }
 }
 
 /// For tests: logs only when `TEST_LOG` is set, so a passing run stays quiet.

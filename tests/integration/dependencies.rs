@@ -12,7 +12,13 @@ use order_expiry_testkit::succeeded;
 /// demo's) must not.
 const SERVICE_ONLY: &str = "anyhow axum clap criterion deadpool-postgres humantime hyper indicatif \
     metrics-exporter-prometheus plotters postgres-protocol rand@v0.9 reqwest tokio-postgres \
-    tokio-util tracing-subscriber";
+    tokio-util tracing-subscriber opentelemetry opentelemetry_sdk opentelemetry-otlp \
+    opentelemetry-http opentelemetry-proto prost tracing-opentelemetry";
+
+/// What span export (feature `otlp`) adds: never in the publisher's tree, even
+/// with the OpenTelemetry API (`otel`) that carries its trace context.
+const EXPORT_ONLY: &str = "opentelemetry_sdk opentelemetry-otlp opentelemetry-http \
+    opentelemetry-proto prost reqwest hyper";
 
 /// Of the service's crates, the `outbox` feature may bring only PostgreSQL's
 /// client (and what it needs itself: its protocol crates, tokio-util, rand).
@@ -62,6 +68,11 @@ fn the_publisher_only_tree_has_no_service_crates() {
         found.len() >= 8,
         "the service tree lacks its crates: {found:?}"
     );
+    let exports = service.iter().any(|c| c.starts_with("opentelemetry-otlp "));
+    assert!(
+        exports,
+        "the default binary can export spans (feature otlp)"
+    );
     eprintln!(
         "FIGURES dependencies: {} crates publisher-only, {} with the service",
         publisher.len(),
@@ -81,4 +92,18 @@ fn the_outbox_feature_adds_tokio_postgres_and_no_service_crate() {
     assert!(leaked.is_empty(), "in the outbox tree: {leaked:?}");
     let n = outbox.len();
     eprintln!("FIGURES dependencies: {n} crates with --features outbox");
+}
+
+#[test]
+fn the_otel_feature_adds_the_api_and_no_exporter() {
+    let otel = tree(&["--no-default-features", "--features", "otel"]);
+    let has_api = otel.iter().any(|c| c.starts_with("opentelemetry "));
+    assert!(has_api, "feature otel is the OpenTelemetry API");
+    let leaked: Vec<&String> = otel.iter().filter(|c| is_one_of(c, EXPORT_ONLY)).collect();
+    assert!(
+        leaked.is_empty(),
+        "span export in the otel tree: {leaked:?}"
+    );
+    let n = otel.len();
+    eprintln!("FIGURES dependencies: {n} crates with --features otel");
 }

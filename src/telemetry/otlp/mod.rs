@@ -1,0 +1,186 @@
+//! Span export over OTLP/HTTP (protobuf) to an OpenTelemetry collector
+//! (feature `otlp`): the tracer provider, its exporter, the `tracing` layer
+//! that feeds it, and the flush at shutdown that keeps the last spans.
+//!
+//! Off unless `telemetry.otlp` or the standard `OTEL_*` variables turn it on
+//! (`plan.rs` holds the rules). Off, nothing of it runs: no layer,
+//! no thread, no connection.
+
+mod client;
+mod plan;
+
+use std::time::Duration;
+
+use opentelemetry::KeyValue;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::OTelSdkError;
+use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
+use thiserror::Error;
+use tracing::Subscriber;
+use tracing_opentelemetry::OpenTelemetryLayer;
+use tracing_subscriber::registry::LookupSpan;
+
+pub use self::plan::OtlpConfigError;
+use self::plan::{ExportPlan, SamplerChoice};
+use crate::settings::OtlpSettings;
+
+/// Bound on one export request, and on the flush at shutdown: a collector that
+/// does not answer must not hold `serve`'s exit.
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The instrumentation scope of every span this crate exports.
+const SCOPE: &str = "order-expiry";
+
+/// Why export could not start, or could not flush. Each message includes its
+/// cause (none is a `source`), so it reads whole in one log field.
+#[derive(Debug, Error)]
+pub enum OtlpError {
+    /// A `telemetry.otlp` key or an `OTEL_*` variable that cannot work.
+    #[error(transparent)]
+    Config(#[from] OtlpConfigError),
+    /// The exporter refused its configuration (an endpoint that is no URL).
+    #[error("OTLP exporter: {0}")]
+    Exporter(opentelemetry_otlp::ExporterBuildError),
+    /// The HTTP client could not be built.
+    #[error("OTLP HTTP client: {0}")]
+    Client(reqwest::Error),
+    /// Export sends from the tokio runtime it was started on; there was none.
+    #[error("span export must start inside a tokio runtime")]
+    NoRuntime,
+    /// A flush or the shutdown did not complete (the collector down or slow).
+    #[error("flushing spans: {0}")]
+    Flush(OTelSdkError),
+}
+
+/// Spans leaving for a collector: the tracer provider with its batch exporter.
+/// [`OtlpExport::layer`] feeds it from `tracing`; [`OtlpExport::shutdown`]
+/// sends what is still buffered.
+#[derive(Debug)]
+pub struct OtlpExport {
+    provider: SdkTracerProvider,
+    endpoint: String,
+}
+
+impl OtlpExport {
+    /// Starts export if `settings` or the process's `OTEL_*` variables say so
+    /// (`None`: export is off). Must run inside a tokio runtime, which then
+    /// carries the export requests.
+    pub fn start(settings: &OtlpSettings) -> Result<Option<Self>, OtlpError> {
+        Self::start_with(settings, &|name| std::env::var(name).ok())
+    }
+
+    /// [`OtlpExport::start`] reading the `OTEL_*` variables through `env`
+    /// instead of the process environment (tests run in parallel in one
+    /// process). The exporter's own variables (`OTEL_EXPORTER_OTLP_HEADERS`,
+    /// `..._TIMEOUT`) are still read from the process.
+    pub fn start_with(
+        settings: &OtlpSettings,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<Self>, OtlpError> {
+        let Some(plan) = plan::plan(settings, env)? else {
+            return Ok(None);
+        };
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| OtlpError::NoRuntime)?;
+        let http = reqwest::Client::builder()
+            .timeout(EXPORT_TIMEOUT)
+            .build()
+            .map_err(OtlpError::Client)?;
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_http_client(client::RuntimeHttpClient::new(http, runtime))
+            .with_protocol(Protocol::HttpBinary)
+            .with_endpoint(plan.traces_endpoint.clone())
+            .with_timeout(EXPORT_TIMEOUT)
+            .build()
+            .map_err(OtlpError::Exporter)?;
+        let provider = SdkTracerProvider::builder()
+            .with_batch_exporter(exporter)
+            .with_sampler(sampler(&plan.sampler))
+            .with_resource(resource(&plan))
+            .build();
+        Ok(Some(Self {
+            provider,
+            endpoint: plan.traces_endpoint,
+        }))
+    }
+
+    /// The URL spans are sent to.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The `tracing` layer that turns spans into OpenTelemetry spans of this
+    /// provider. A span carries its own fields and nothing the bridge could
+    /// add by itself (source location, thread, busy and idle time, target):
+    /// they would cost every span a clock read or a string, and tell an
+    /// operator nothing about an order.
+    pub fn layer<S>(&self) -> OpenTelemetryLayer<S, SdkTracer>
+    where
+        S: Subscriber + for<'span> LookupSpan<'span>,
+    {
+        tracing_opentelemetry::layer()
+            .with_tracer(self.provider.tracer(SCOPE))
+            .with_location(false)
+            .with_threads(false)
+            .with_tracked_inactivity(false)
+            .with_target(false)
+    }
+
+    /// The provider, for `opentelemetry::global` and for code that makes
+    /// OpenTelemetry spans directly.
+    pub fn provider(&self) -> &SdkTracerProvider {
+        &self.provider
+    }
+
+    /// Sends every finished span still buffered, and waits for the answer.
+    pub async fn flush(&self) -> Result<(), OtlpError> {
+        let provider = self.provider.clone();
+        blocking(move || provider.force_flush()).await
+    }
+
+    /// Sends what is still buffered and stops the export thread: call it last,
+    /// after `serve` has drained, so the last spans are not lost. Bounded by
+    /// the export timeout.
+    pub async fn shutdown(self) -> Result<(), OtlpError> {
+        let provider = self.provider;
+        blocking(move || provider.shutdown_with_timeout(EXPORT_TIMEOUT)).await
+    }
+}
+
+/// The SDK's flush and shutdown block their thread until the batch thread has
+/// exported, and the export requests run on this runtime: so they wait on a
+/// blocking thread, leaving the runtime free (even a current-thread one).
+async fn blocking(
+    call: impl FnOnce() -> Result<(), OTelSdkError> + Send + 'static,
+) -> Result<(), OtlpError> {
+    match tokio::task::spawn_blocking(call).await {
+        Ok(result) => result.map_err(OtlpError::Flush),
+        Err(join) => Err(OtlpError::Flush(OTelSdkError::InternalFailure(
+            join.to_string(),
+        ))),
+    }
+}
+
+fn sampler(choice: &SamplerChoice) -> Sampler {
+    match choice {
+        SamplerChoice::AlwaysOn => Sampler::AlwaysOn,
+        SamplerChoice::AlwaysOff => Sampler::AlwaysOff,
+        SamplerChoice::Ratio(ratio) => Sampler::TraceIdRatioBased(*ratio),
+        SamplerChoice::ParentBased(root) => Sampler::ParentBased(Box::new(sampler(root))),
+    }
+}
+
+/// `service.name` and the listed attributes, nothing detected behind the
+/// plan's back (the SDK's default builder would read `OTEL_*` again).
+fn resource(plan: &ExportPlan) -> Resource {
+    let attributes = plan
+        .resource
+        .iter()
+        .map(|(key, value)| KeyValue::new(key.clone(), value.clone()));
+    Resource::builder_empty()
+        .with_service_name(plan.service_name.clone())
+        .with_attributes(attributes)
+        .build()
+}
