@@ -27,6 +27,8 @@ mod isolation;
 mod ladder_migrate;
 mod ladder_migrate_confirms;
 mod ops;
+#[cfg(feature = "otlp")]
+mod otlp;
 mod outbox;
 mod outbox_clients;
 mod payments;

@@ -20,6 +20,8 @@
 //! - [`endpoint`]: [`Endpoint`]: a scripted local order service (the HTTP
 //!   action's expire endpoint) and payment gateway (the check), recording
 //!   every request.
+//! - [`otlp`]: [`OtlpReceiver`]: an OTLP/HTTP receiver keeping every span it
+//!   is sent, to assert on and to print as a tree.
 //! - [`ledger`]: [`Ledger`] / [`Figures`]: what a scenario's order service
 //!   placed, audited from the orders table against the invariants.
 //! - [`steps`]: what tests repeat: orders placed ([`World::place`]), waited
@@ -42,6 +44,7 @@ pub mod consumer;
 pub mod endpoint;
 mod inspect;
 pub mod ledger;
+pub mod otlp;
 pub mod pg_pair;
 pub mod procfs;
 pub mod proxy;
@@ -59,6 +62,7 @@ pub use self::consumer::RunningConsumer;
 pub use self::endpoint::{Endpoint, Expiry, Reply, Request, expire_order};
 pub use self::inspect::RowLock;
 pub use self::ledger::{Figures, Lateness, Ledger, Orders, Pace, Placed, order_service, settle};
+pub use self::otlp::{ReceivedSpan, Receiver as OtlpReceiver};
 pub use self::proxy::Proxy;
 pub use self::served::{ReadyWatch, Served, http_get, metric_value, sum_metric};
 pub use self::services::{
