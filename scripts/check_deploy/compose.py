@@ -223,3 +223,41 @@ def compose_broker_user():
         require(rabbitmq_conf(read_text(RABBITMQ_CONF)).get("loopback_users.guest") == "false",
                 "guest connects from another container: set loopback_users.guest = false")
     return f"{', '.join(checked)}; import order {' then '.join(Path(c).name for c, _, _ in files)}"
+
+
+COLLECTOR_CONFIG = "./deploy/otel-collector/config.yaml"
+
+
+@check("compose: the opt-in collector takes the consumer's OTLP/HTTP spans")
+def compose_otel_collector():
+    """Span export stays off by default (the consumer's endpoint variable is
+    empty unless set); under the "tracing" profile the collector mounts its
+    config, and that config takes OTLP/HTTP on 4318 into a traces pipeline
+    whose every stage is defined."""
+    collector = service("otel-collector")
+    require("tracing" in (collector.get("profiles") or []), "otel-collector must be under profiles: [tracing]")
+    require(str(collector.get("image", "")).startswith("otel/opentelemetry-collector"),
+            "otel-collector should run an otel/opentelemetry-collector image")
+    mounts = {container: host for host, container, _ in bind_mounts(collector)}
+    command = " ".join(collector.get("command") or [])
+    config_path = re.search(r"--config[= ](\S+)", command)
+    require(config_path, "otel-collector: command must name its --config")
+    require(mounts.get(config_path.group(1)) == COLLECTOR_CONFIG,
+            f"otel-collector: {COLLECTOR_CONFIG} must be mounted at {config_path.group(1)}")
+    docs = load_yaml_docs(ROOT / COLLECTOR_CONFIG)
+    require(len(docs) == 1 and isinstance(docs[0], dict), f"{COLLECTOR_CONFIG} must be one YAML mapping")
+    config = docs[0]
+    http = (((config.get("receivers") or {}).get("otlp") or {}).get("protocols") or {}).get("http") or {}
+    require(str(http.get("endpoint", "")).endswith(":4318"), f"{COLLECTOR_CONFIG}: the otlp receiver must take HTTP on :4318")
+    traces = (((config.get("service") or {}).get("pipelines") or {}).get("traces")) or {}
+    require("otlp" in (traces.get("receivers") or []), f"{COLLECTOR_CONFIG}: the traces pipeline must receive otlp")
+    for stage in ("receivers", "processors", "exporters"):
+        for name in traces.get(stage) or []:
+            require(name in (config.get(stage) or {}), f"{COLLECTOR_CONFIG}: traces pipeline uses undefined {stage[:-1]} {name}")
+    require(traces.get("exporters"), f"{COLLECTOR_CONFIG}: the traces pipeline exports nowhere")
+    env = environment(service("consumer"))
+    require("OTEL_EXPORTER_OTLP_ENDPOINT" in env, "consumer: OTEL_EXPORTER_OTLP_ENDPOINT must be passed through")
+    require(env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "", "consumer: span export must be off by default (empty endpoint)")
+    require("OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector:4318" in read_text(COMPOSE_FILE),
+            "docker-compose.yml must say how to point the consumer at the collector")
+    return f"{collector['image']}, traces: {' -> '.join('/'.join(traces.get(s) or []) for s in ('receivers', 'processors', 'exporters'))}"
