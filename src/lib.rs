@@ -56,7 +56,9 @@
 //!
 //! - [`publisher`]: [`Scheduler`], [`ScheduleError`], the wire formats (v1
 //!   [`publisher::ExpiryMessage`], v2 bundles in [`publisher::DueMessage`]),
-//!   [`OrderId`]; with `outbox`, `schedule_in_tx`.
+//!   [`OrderId`], the W3C [`publisher::TraceContext`] each order carries
+//!   (with `otel`, taken from the caller's `tracing` span); with `outbox`,
+//!   `schedule_in_tx`.
 //! - [`topology`]: ladder arithmetic, the one [`topology::Topology`] description,
 //!   declaring it, definitions export.
 //! - [`amqp`]: bounded, password-safe connect with TLS; the one timeout for

@@ -6,7 +6,8 @@ use std::hint::black_box;
 
 use chrono::{TimeDelta, Utc};
 use criterion::{Criterion, criterion_group, criterion_main};
-use order_expiry::{OrderId, Settings, publisher::ExpiryMessage, service::on_arrival};
+use order_expiry::publisher::{ExpiryMessage, TraceHeaders};
+use order_expiry::{OrderId, Settings, service::on_arrival};
 
 const CONTENT_TYPE: &str = ExpiryMessage::CONTENT_TYPE;
 
@@ -49,6 +50,7 @@ fn message(c: &mut Criterion) {
             on_arrival(
                 black_box(&body),
                 Some(CONTENT_TYPE),
+                TraceHeaders::NONE,
                 now,
                 &settings.consumer,
             )

@@ -23,6 +23,7 @@ use super::admin::OpsError;
 use super::ladder_migrate::LadderMigrationReport;
 use super::republish::{Republisher, taken};
 use crate::amqp::{self, AmqpError, BrokerError, Confirming};
+use crate::publisher::TraceContext;
 
 /// Messages taken from an old queue and not yet confirmed in the new broker:
 /// the prefetch and the confirm window. Both brokers stay busy (the move is
@@ -224,9 +225,17 @@ impl QueueDrain<'_> {
     }
 }
 
-/// A body that is not a message, for the current parked queue with `reason`.
+/// A body that is not a message, for the current parked queue with `reason`
+/// (and the trace headers it came with, its only headers kept).
 fn parked_properties(delivery: &Delivery, reason: &str) -> BasicProperties {
     let mut headers = FieldTable::default();
+    if let Some(came) = delivery.properties.headers() {
+        for name in [TraceContext::TRACEPARENT, TraceContext::TRACESTATE] {
+            if let Some(value) = came.inner().get(name) {
+                headers.insert(name.into(), value.clone());
+            }
+        }
+    }
     headers.insert(
         "x-parked-reason".into(),
         AMQPValue::LongString(reason.into()),

@@ -1,7 +1,7 @@
 //! Moving one message into the current ladder: its remaining delay from its
-//! `due_at` (never from a routing key it came with), no headers (stale
-//! `x-death` entries make RabbitMQ drop a message as a dead-letter cycle), a
-//! confirmed publish, and only then the ack of the original. Interrupted
+//! `due_at` (never from a routing key it came with), no headers but each
+//! order's W3C trace context (stale `x-death` entries make RabbitMQ drop a
+//! message as a dead-letter cycle), a confirmed publish, and only then the ack of the original. Interrupted
 //! between the two, the original comes back: a duplicate, never a loss.
 
 use std::time::Duration;
@@ -12,7 +12,7 @@ use lapin::options::BasicAckOptions;
 
 use super::admin::OpsError;
 use crate::amqp::{self, Confirmed, Confirms};
-use crate::publisher::{DueMessage, ExpiryMessage, Outgoing};
+use crate::publisher::{DueMessage, ExpiryMessage, Outgoing, received_trace};
 use crate::topology::{Ladder, Route};
 
 /// Where moved messages go, on a confirm-mode channel.
@@ -34,10 +34,11 @@ impl Republisher {
     /// (the caller decides).
     pub(crate) fn decode(&self, delivery: &Delivery) -> Result<Vec<ExpiryMessage>, String> {
         let content_type = delivery.properties.content_type().as_ref();
-        let decoded = DueMessage::decode(
+        let decoded = DueMessage::decode_traced(
             &delivery.data,
             content_type.map(|c| c.as_str()),
             self.max_body_bytes,
+            received_trace(&delivery.properties),
         );
         match decoded.map_err(|e| e.to_string())? {
             DueMessage::One(message) => Ok(vec![message]),
@@ -65,7 +66,7 @@ impl Republisher {
     }
 
     /// `messages` (from `delivery`) afresh (their payment-check and recheck
-    /// counters reset), routed into the current ladder for the time left
+    /// counters reset, their trace contexts kept), routed into the current ladder for the time left
     /// until the earliest `due_at`, or into the due exchange when that
     /// passed; with a name for them in errors. Keeps `delivery`'s
     /// `message_id`.
@@ -76,7 +77,7 @@ impl Republisher {
     ) -> Result<(Outgoing, String), OpsError> {
         let fresh: Vec<ExpiryMessage> = messages
             .iter()
-            .map(|m| ExpiryMessage::new(m.order_id.clone(), m.due_at))
+            .map(|m| ExpiryMessage::new(m.order_id.clone(), m.due_at).with_trace(m.trace.clone()))
             .collect();
         let Some((first, rest)) = fresh.split_first() else {
             return Err(OpsError::NotTaken {

@@ -10,6 +10,10 @@
 //! that does not know them ignores them (unknown fields are ignored) and treats
 //! the message as an ordinary due one.
 //!
+//! The order's W3C trace context ([`TraceContext`]) is not in a v1 body: it
+//! travels in the message's `traceparent` and `tracestate` headers, and in a
+//! v2 bundle per order where it differs from the headers' (`bundle.rs`).
+//!
 //! Decoding never panics and never guesses: anything that is not a valid v1 message
 //! is a [`Malformed`] whose text becomes the `x-parked-reason` header, so a person
 //! reading the parked queue knows exactly what was wrong.
@@ -21,6 +25,7 @@ use serde_json::{Map, Value};
 use thiserror::Error;
 
 use super::order_id::{InvalidOrderId, OrderId};
+use super::trace::TraceContext;
 
 /// The version of a message that carries one order.
 const VERSION: u64 = 1;
@@ -45,6 +50,10 @@ pub struct ExpiryMessage {
     /// absent): a failing order goes back through the ladder with its
     /// backoff, and this picks the next delay.
     pub attempts: u32,
+    /// The W3C trace context of the span that scheduled it, carried through
+    /// every path the order takes so its trace reaches its cancel; `None`:
+    /// untraced (nothing is written, nothing costs).
+    pub trace: Option<TraceContext>,
 }
 
 /// Why a body is not a message we can ever process. The `Display` text is the
@@ -138,7 +147,16 @@ impl ExpiryMessage {
             unknown_rechecks: 0,
             not_before: None,
             attempts: 0,
+            trace: None,
         }
+    }
+
+    /// The same message carrying `trace`: for an order service that passes
+    /// its context explicitly (to [`crate::Scheduler::schedule_message`])
+    /// instead of through a `tracing` span.
+    pub fn with_trace(mut self, trace: impl Into<Option<TraceContext>>) -> Self {
+        self.trace = trace.into();
+        self
     }
 
     /// When the consumer may process it: `due_at`, or a later `not_before`.
@@ -165,13 +183,21 @@ impl ExpiryMessage {
     /// and building the map cost a sixth of its instructions per message.
     pub fn encode(&self) -> Vec<u8> {
         let mut body = Vec::with_capacity(64 + self.order_id.len());
-        self.write_object(&mut body, Some(VERSION));
+        self.write_object(&mut body, Some(VERSION), None);
         body
     }
 
-    /// Writes this order as a JSON object: with `"v"` as a v1 message, without
-    /// it as one order of a v2 bundle.
-    pub(crate) fn write_object(&self, body: &mut Vec<u8>, version: Option<u64>) {
+    /// Writes this order as a JSON object: with `"v"` as a v1 message (its
+    /// trace context goes in the headers), without it as one order of a v2
+    /// bundle whose headers carry `shared`: the order's own context is
+    /// written only where it differs from that (`"traceparent":""` for an
+    /// untraced order in a traced bundle).
+    pub(crate) fn write_object(
+        &self,
+        body: &mut Vec<u8>,
+        version: Option<u64>,
+        shared: Option<&TraceContext>,
+    ) {
         let due_at = self.due_at.to_rfc3339_opts(SecondsFormat::Millis, true);
         // Keys in sorted order; the optional ones only when set, so that what
         // the publisher writes is exactly the contract's three fields.
@@ -191,6 +217,9 @@ impl ExpiryMessage {
         body.extend_from_slice(b"\",\"order_id\":");
         // Writing a `&str` or a number into a `Vec` cannot fail.
         let _ = serde_json::to_writer(&mut *body, self.order_id.as_str());
+        if version.is_none() && self.trace.as_ref() != shared {
+            write_trace(body, self.trace.as_ref());
+        }
         if self.unknown_rechecks > 0 {
             let _ = write!(body, ",\"unknown_rechecks\":{}", self.unknown_rechecks);
         }
@@ -242,7 +271,19 @@ impl ExpiryMessage {
             unknown_rechecks: count_field(fields, "unknown_rechecks")?,
             not_before,
             attempts: count_field(fields, "attempts")?,
+            trace: None,
         })
+    }
+}
+
+/// A bundle entry's own `"traceparent"` (and `"tracestate"`) fields, in
+/// sorted key order after `"order_id"`; `"traceparent":""` for none.
+fn write_trace(body: &mut Vec<u8>, trace: Option<&TraceContext>) {
+    body.extend_from_slice(b",\"traceparent\":");
+    let _ = serde_json::to_writer(&mut *body, trace.map_or("", TraceContext::traceparent));
+    if let Some(state) = trace.and_then(TraceContext::tracestate) {
+        body.extend_from_slice(b",\"tracestate\":");
+        let _ = serde_json::to_writer(&mut *body, state);
     }
 }
 

@@ -6,6 +6,8 @@
 //! - `message`: the v1 wire format: encode, decode, validate. Pure.
 //! - `bundle`: the v2 wire format, many orders in one message; decoding of every version. Pure.
 //! - `order_id`: the validated [`OrderId`]. Pure.
+//! - `trace`: the W3C [`TraceContext`] each order carries. Pure (with
+//!   `otel`, it reads the current `tracing` span).
 //! - `outbox` (feature `outbox`): `Scheduler::schedule_in_tx`: a row in the
 //!   order's own transaction, relayed by `order-expiry serve`.
 
@@ -19,6 +21,7 @@ mod order_id;
 #[cfg(feature = "outbox")]
 mod outbox;
 mod scheduler;
+mod trace;
 
 pub use self::bundle::{BadEntry, DueMessage};
 #[cfg_attr(not(feature = "service"), allow(unused_imports))]
@@ -31,5 +34,6 @@ pub use self::order_id::{InvalidOrderId, OrderId};
 #[cfg(feature = "outbox")]
 pub use self::outbox::{OUTBOX_INSERT_SQL, OutboxEntry, OutboxError};
 #[cfg(feature = "service")]
-pub(crate) use self::scheduler::{Outgoing, remaining_route};
+pub(crate) use self::scheduler::{Outgoing, received_trace, remaining_route, trace_headers};
 pub use self::scheduler::{Scheduled, Scheduler};
+pub use self::trace::{InvalidTraceContext, TRACESTATE_MAX, TraceContext, TraceHeaders};

@@ -14,6 +14,10 @@
 //! waited. The window is small (50) because what a burst has in flight waits in
 //! the broker before its TTL starts: with 1,000 in flight a flash sale queued
 //! 150-470 ms there, past the 300 ms lead (docs/src/results/flash-sales.md).
+//!
+//! Every schedule call takes the caller's trace context (feature `otel`: the
+//! current `tracing` span's, when valid) and sends it with the order as the
+//! W3C `traceparent`/`tracestate` headers ([`TraceContext`]).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,6 +27,7 @@ use chrono::{DateTime, Utc};
 use futures::future::{self, Either};
 use futures::{Stream, StreamExt};
 use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable};
 use secrecy::SecretString;
 use tokio::sync::{Notify, Semaphore, oneshot};
 
@@ -31,6 +36,7 @@ use super::error::ScheduleError;
 use super::group::{Bundle, Limits, Waiter, Waiting};
 use super::message::ExpiryMessage;
 use super::order_id::OrderId;
+use super::trace::{self, TraceContext};
 use crate::amqp::{self, BrokerError, ConfirmLink, Confirmed, Confirming, Confirms, TlsFiles};
 use crate::clock::Clock;
 use crate::settings::{Settings, redact_url};
@@ -216,6 +222,9 @@ impl Scheduler {
     /// bundle on the next free slot, and each returns on that bundle's
     /// confirm (group commit: a flash sale costs the broker one message per
     /// bundle, not per order).
+    ///
+    /// With the `otel` feature the order carries the trace context of the
+    /// current `tracing` span (`TraceContext::current`).
     pub async fn schedule<O>(
         &self,
         order_id: O,
@@ -225,10 +234,31 @@ impl Scheduler {
         O: TryInto<OrderId>,
         ScheduleError: From<O::Error>,
     {
+        let trace = trace::current();
         let result = match order_id.try_into() {
-            Ok(order_id) => self.publish(ExpiryMessage::new(order_id, due_at)).await,
+            Ok(order_id) => {
+                let message = ExpiryMessage::new(order_id, due_at).with_trace(trace);
+                self.publish(message).await
+            }
             Err(invalid) => Err(invalid.into()),
         };
+        count(&result);
+        result
+    }
+
+    /// [`Scheduler::schedule`] for a message built by the caller, for an
+    /// order service that passes its trace context explicitly
+    /// ([`ExpiryMessage::with_trace`]) rather than through a `tracing` span.
+    /// A message without a context takes the current span's (feature `otel`).
+    pub async fn schedule_message(
+        &self,
+        message: ExpiryMessage,
+    ) -> Result<Scheduled, ScheduleError> {
+        let message = match message.trace {
+            Some(_) => message,
+            None => message.with_trace(trace::current()),
+        };
+        let result = self.publish(message).await;
         count(&result);
         result
     }
@@ -248,7 +278,8 @@ impl Scheduler {
     }
 
     /// Streaming form of [`Scheduler::schedule_many`]: memory stays bounded by the
-    /// in-flight window however many orders pass through.
+    /// in-flight window however many orders pass through. Every order carries
+    /// the trace context current when this is called (feature `otel`).
     pub fn schedule_stream<'a, S, O>(
         &'a self,
         orders: S,
@@ -257,6 +288,25 @@ impl Scheduler {
         S: Stream<Item = (O, DateTime<Utc>)> + 'a,
         O: TryInto<OrderId> + 'a,
         ScheduleError: From<O::Error>,
+    {
+        let trace = trace::current();
+        self.schedule_messages(orders.map(move |(order_id, due_at)| {
+            order_id
+                .try_into()
+                .map(|id| ExpiryMessage::new(id, due_at).with_trace(trace.clone()))
+                .map_err(Into::into)
+        }))
+    }
+
+    /// [`Scheduler::schedule_stream`] of messages built already, each with
+    /// its own trace context, or the reason one could not be built; one
+    /// result per item, in order.
+    pub(crate) fn schedule_messages<'a, S>(
+        &'a self,
+        orders: S,
+    ) -> impl Stream<Item = Result<Scheduled, ScheduleError>> + 'a
+    where
+        S: Stream<Item = Result<ExpiryMessage, ScheduleError>> + 'a,
     {
         let bundle = self.bundles.max_orders;
         // Bundles on: what is ready at once leaves as one group, every order
@@ -269,13 +319,13 @@ impl Scheduler {
             .map(move |chunk| async move {
                 let mut results: Vec<Option<Result<Scheduled, ScheduleError>>> = Vec::new();
                 let mut valid = Vec::with_capacity(chunk.len());
-                for (order_id, due_at) in chunk {
-                    match order_id.try_into() {
-                        Ok(order_id) => {
-                            valid.push(ExpiryMessage::new(order_id, due_at));
+                for message in chunk {
+                    match message {
+                        Ok(message) => {
+                            valid.push(message);
                             results.push(None);
                         }
-                        Err(invalid) => results.push(Some(Err(invalid.into()))),
+                        Err(invalid) => results.push(Some(Err(invalid))),
                     }
                 }
                 let mut published = self.publish_group(valid).await.into_iter();
@@ -480,7 +530,10 @@ impl Scheduler {
         let message_id = uuid::Uuid::new_v4().to_string();
         let orders = bundle.members.len();
         let body = encode_bundle(bundle.members.iter().map(|(_, e)| e.as_slice()));
-        let outgoing = Outgoing::with_body(bundle.route, body, &message_id, self.clock.now());
+        // The entries were written against the first order's context.
+        let trace = bundle.members[0].0.message.trace.as_ref();
+        let outgoing =
+            Outgoing::with_body(bundle.route, body, &message_id, self.clock.now(), trace);
         let answer = self.confirm(channel, link_id, &outgoing).await;
         for (waiter, _) in bundle.members {
             let result = match &answer {
@@ -628,8 +681,9 @@ pub(crate) struct Outgoing {
 impl Outgoing {
     /// `message` routed to arrive `lead` before it may be processed
     /// ([`ExpiryMessage::process_at`]), as seen at `now`; persistent, with
-    /// `message_id` and nothing else (no headers: a message re-entering the
-    /// ladder with `x-death` headers could be dropped as a dead-letter cycle).
+    /// `message_id` and no header but its trace context's (never `x-death`:
+    /// a message re-entering the ladder with it could be dropped as a
+    /// dead-letter cycle).
     pub(crate) fn new(
         message: &ExpiryMessage,
         ladder: &Ladder,
@@ -638,12 +692,20 @@ impl Outgoing {
         now: DateTime<Utc>,
     ) -> Result<Self, DelayTooLong> {
         let route = remaining_route(message, ladder, lead, now)?;
-        Ok(Self::with_body(route, message.encode(), message_id, now))
+        let trace = message.trace.as_ref();
+        Ok(Self::with_body(
+            route,
+            message.encode(),
+            message_id,
+            now,
+            trace,
+        ))
     }
 
     /// `messages` in one message: a v1 one for one order, a v2 bundle for
     /// more, routed by the earliest of them (the others arrive a little
-    /// earlier than they need, and are held).
+    /// earlier than they need, and are held); each keeps its trace context
+    /// (the headers carry `first`'s).
     #[cfg_attr(not(feature = "service"), allow(dead_code))]
     pub(crate) fn for_orders(
         first: &ExpiryMessage,
@@ -659,24 +721,30 @@ impl Outgoing {
         let all = || std::iter::once(first).chain(rest);
         let earliest = all().min_by_key(|m| m.process_at()).unwrap_or(first);
         let route = remaining_route(earliest, ladder, lead, now)?;
-        let entries: Vec<Vec<u8>> = all().map(encode_entry).collect();
+        let trace = first.trace.as_ref();
+        let entries: Vec<Vec<u8>> = all().map(|m| encode_entry(m, trace)).collect();
         let body = encode_bundle(entries.iter().map(Vec::as_slice));
-        Ok(Self::with_body(route, body, message_id, now))
+        Ok(Self::with_body(route, body, message_id, now, trace))
     }
 
     /// `body` (a v1 message or a v2 bundle) on `route`, with the same
-    /// properties.
+    /// properties, and `trace` (a v1 order's context, a bundle's first
+    /// order's) as the `traceparent`/`tracestate` headers.
     pub(crate) fn with_body(
         route: Route,
         body: Vec<u8>,
         message_id: &str,
         now: DateTime<Utc>,
+        trace: Option<&TraceContext>,
     ) -> Self {
-        let properties = BasicProperties::default()
+        let mut properties = BasicProperties::default()
             .with_content_type(ExpiryMessage::CONTENT_TYPE.into())
             .with_delivery_mode(2)
             .with_message_id(message_id.into())
             .with_timestamp(u64::try_from(now.timestamp()).unwrap_or(0));
+        if let Some(trace) = trace {
+            properties = properties.with_headers(trace_headers(trace));
+        }
         Self {
             route,
             body,
@@ -691,6 +759,36 @@ impl Outgoing {
         let route = &self.route;
         let (body, properties) = (self.body.clone(), self.properties.clone());
         confirms.publish(&route.exchange, &route.routing_key, body, properties)
+    }
+}
+
+/// The AMQP headers that carry `trace`, as the W3C/OpenTelemetry AMQP
+/// propagation writes them (long strings).
+pub(crate) fn trace_headers(trace: &TraceContext) -> FieldTable {
+    let mut headers = FieldTable::default();
+    let text = |s: &str| AMQPValue::LongString(s.into());
+    headers.insert(TraceContext::TRACEPARENT.into(), text(trace.traceparent()));
+    if let Some(state) = trace.tracestate() {
+        headers.insert(TraceContext::TRACESTATE.into(), text(state));
+    }
+    headers
+}
+
+/// The trace headers a received message carries, as text (a header that
+/// is not a UTF-8 string is none).
+#[cfg(feature = "service")]
+pub(crate) fn received_trace(properties: &BasicProperties) -> super::TraceHeaders<'_> {
+    let Some(headers) = properties.headers() else {
+        return super::TraceHeaders::NONE;
+    };
+    let text = |name: &str| match headers.inner().get(name) {
+        Some(AMQPValue::LongString(s)) => std::str::from_utf8(s.as_bytes()).ok(),
+        Some(AMQPValue::ShortString(s)) => Some(s.as_str()),
+        _ => None,
+    };
+    super::TraceHeaders {
+        traceparent: text(TraceContext::TRACEPARENT),
+        tracestate: text(TraceContext::TRACESTATE),
     }
 }
 
@@ -720,5 +818,55 @@ fn confirmed(
             reply_text: reply_text.clone(),
         }),
         Confirmed::Nacked => Err(ScheduleError::Nacked { order_id }),
+    }
+}
+
+#[cfg(all(test, feature = "service"))]
+mod tests {
+    use chrono::TimeDelta;
+
+    use super::*;
+    use crate::publisher::DueMessage;
+
+    fn order(id: &str, traceparent: Option<&str>) -> ExpiryMessage {
+        let due_at = Utc::now() + TimeDelta::seconds(5);
+        let trace = traceparent.map(|t| TraceContext::parse(t, Some("rojo=1")).unwrap());
+        ExpiryMessage::new(OrderId::new(id).unwrap(), due_at).with_trace(trace)
+    }
+
+    /// What a consumer reads back from `outgoing`: body and headers.
+    fn received(outgoing: &Outgoing) -> Vec<ExpiryMessage> {
+        let trace = received_trace(&outgoing.properties);
+        let decoded = DueMessage::decode_traced(&outgoing.body, None, 16384, trace).unwrap();
+        decoded.messages().cloned().collect()
+    }
+
+    #[test]
+    fn each_order_reaches_the_consumer_with_its_own_context_alone_or_bundled() {
+        let ladder = Ladder::new("t", 10).unwrap();
+        let (lead, now) = (Duration::ZERO, Utc::now());
+        let a = order(
+            "A",
+            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+        );
+        let b = order(
+            "B",
+            Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"),
+        );
+        let c = order("C", None);
+        let one = Outgoing::new(&a, &ladder, lead, "m", now).unwrap();
+        assert_eq!(received(&one), std::slice::from_ref(&a));
+        // Untraced: no headers at all, the body as before.
+        let plain = Outgoing::new(&c, &ladder, lead, "m", now).unwrap();
+        assert!(plain.properties.headers().is_none());
+        assert_eq!(
+            (received(&plain), plain.body.clone()),
+            (vec![c.clone()], c.encode())
+        );
+        for orders in [[&a, &b, &c], [&c, &a, &b], [&b, &c, &a]] {
+            let [first, rest @ ..] = orders.map(Clone::clone);
+            let many = Outgoing::for_orders(&first, &rest, &ladder, lead, "m", now).unwrap();
+            assert_eq!(received(&many), orders.map(Clone::clone));
+        }
     }
 }

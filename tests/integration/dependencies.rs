@@ -1,6 +1,7 @@
 //! A dependent with `order-expiry = { default-features = false }` gets the
 //! publisher only: none of the crates the service, the CLI or the benchmarks
-//! need may enter that dependency tree.
+//! need may enter that dependency tree, nor OpenTelemetry's unless it asks
+//! for the `otel` feature.
 
 use std::process::Command;
 
@@ -15,14 +16,15 @@ const SERVICE_ONLY: &str = "anyhow axum clap criterion deadpool-postgres humanti
     tokio-util tracing-subscriber opentelemetry opentelemetry_sdk opentelemetry-otlp \
     opentelemetry-http opentelemetry-proto prost tracing-opentelemetry";
 
-/// What span export (feature `otlp`) adds: never in the publisher's tree, even
-/// with the OpenTelemetry API (`otel`) that carries its trace context.
-const EXPORT_ONLY: &str = "opentelemetry_sdk opentelemetry-otlp opentelemetry-http \
-    opentelemetry-proto prost reqwest hyper";
-
 /// Of the service's crates, the `outbox` feature may bring only PostgreSQL's
 /// client (and what it needs itself: its protocol crates, tokio-util, rand).
 const OUTBOX_MAY_ADD: &str = "postgres-protocol rand@v0.9 tokio-postgres tokio-util";
+
+/// What the `otel` feature adds to the publisher: the OpenTelemetry API, the
+/// bridge from `tracing` spans, and the `tracing-subscriber` registry that the
+/// bridge is a layer of (with its two small crates). Nothing else.
+const OTEL_ADDS: &str = "opentelemetry tracing-opentelemetry tracing-subscriber sharded-slab \
+    thread_local";
 
 /// Whether a `cargo tree` line is one of `crates` (see [`SERVICE_ONLY`]).
 fn is_one_of(line: &str, crates: &str) -> bool {
@@ -95,15 +97,22 @@ fn the_outbox_feature_adds_tokio_postgres_and_no_service_crate() {
 }
 
 #[test]
-fn the_otel_feature_adds_the_api_and_no_exporter() {
+fn the_otel_feature_adds_opentelemetrys_api_and_bridge_only() {
+    let publisher = tree(&["--no-default-features"]);
     let otel = tree(&["--no-default-features", "--features", "otel"]);
-    let has_api = otel.iter().any(|c| c.starts_with("opentelemetry "));
-    assert!(has_api, "feature otel is the OpenTelemetry API");
-    let leaked: Vec<&String> = otel.iter().filter(|c| is_one_of(c, EXPORT_ONLY)).collect();
+    let in_publisher: Vec<&String> = publisher
+        .iter()
+        .filter(|c| is_one_of(c, OTEL_ADDS))
+        .collect();
+    assert!(in_publisher.is_empty(), "without otel: {in_publisher:?}");
+    let added: Vec<&String> = otel.iter().filter(|c| !publisher.contains(c)).collect();
+    let unexpected: Vec<&&String> = added.iter().filter(|c| !is_one_of(c, OTEL_ADDS)).collect();
+    assert!(unexpected.is_empty(), "otel adds {unexpected:?}");
     assert!(
-        leaked.is_empty(),
-        "span export in the otel tree: {leaked:?}"
+        added
+            .iter()
+            .any(|c| c.starts_with("tracing-opentelemetry ")),
+        "{added:?}"
     );
-    let n = otel.len();
-    eprintln!("FIGURES dependencies: {n} crates with --features otel");
+    eprintln!("FIGURES dependencies: otel adds {} crates", added.len());
 }

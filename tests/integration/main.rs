@@ -40,3 +40,4 @@ mod scheduling;
 mod secrets;
 mod sweeper;
 mod tls;
+mod traces;

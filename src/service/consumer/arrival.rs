@@ -1,12 +1,13 @@
 //! What to do with a delivery the moment it arrives: cancel it now, hold it
 //! until its `due_at`, or park it; for a v2 bundle, that for each of its
-//! orders. Pure: no I/O.
+//! orders. Pure: no I/O. Each order keeps the trace context it came with
+//! (the message's trace headers, or its own bundle entry's).
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::publisher::{BadEntry, DueMessage, ExpiryMessage, OrderId, encode_entry};
+use crate::publisher::{BadEntry, DueMessage, ExpiryMessage, OrderId, TraceHeaders, encode_entry};
 use crate::settings::ConsumerSettings;
 
 /// The decision for one delivery.
@@ -33,7 +34,8 @@ pub enum BundlePart {
     /// in one copy).
     Park {
         /// Its entry's JSON, as its bundle carried it (or, for an order that
-        /// decoded, as it encodes).
+        /// decoded, as it encodes in a message without trace headers: its
+        /// context in its own fields).
         entry: Vec<u8>,
         /// Its order, when the entry decoded.
         order_id: Option<OrderId>,
@@ -42,15 +44,17 @@ pub enum BundlePart {
     },
 }
 
-/// Decides what to do with a body that arrived at `now`: due at
-/// [`ExpiryMessage::process_at`] (`due_at`, or a later `not_before`).
+/// Decides what to do with a body that arrived at `now` with these trace
+/// headers: due at [`ExpiryMessage::process_at`] (`due_at`, or a later
+/// `not_before`).
 pub fn on_arrival(
     body: &[u8],
     content_type: Option<&str>,
+    trace: TraceHeaders<'_>,
     now: DateTime<Utc>,
     settings: &ConsumerSettings,
 ) -> Arrival {
-    match DueMessage::decode(body, content_type, settings.max_body_bytes) {
+    match DueMessage::decode_traced(body, content_type, settings.max_body_bytes, trace) {
         Ok(DueMessage::One(message)) => match one(message, now, settings) {
             BundlePart::Due(message) => Arrival::Due(message),
             BundlePart::Hold(message, early) => Arrival::Hold(message, early),
@@ -90,7 +94,7 @@ fn one(message: ExpiryMessage, now: DateTime<Utc>, settings: &ConsumerSettings) 
         BundlePart::Hold(message, early)
     } else {
         BundlePart::Park {
-            entry: encode_entry(&message),
+            entry: encode_entry(&message, None),
             order_id: Some(message.order_id.clone()),
             reason: format!(
                 "arrived {:.3} s before due_at, more than consumer.max_hold_ms ({} ms): it did not come through the ladder",
@@ -114,7 +118,13 @@ mod tests {
     }
 
     fn arrive(body: &[u8], now: DateTime<Utc>) -> Arrival {
-        on_arrival(body, None, now, &Settings::default().consumer)
+        on_arrival(
+            body,
+            None,
+            TraceHeaders::NONE,
+            now,
+            &Settings::default().consumer,
+        )
     }
 
     fn parked(arrival: Arrival) -> String {
@@ -152,7 +162,7 @@ mod tests {
         let due = message(now - TimeDelta::milliseconds(5));
         let early = message(now + TimeDelta::milliseconds(700));
         let far = message(now + TimeDelta::hours(1));
-        let entries = [&due, &early, &far].map(encode_entry);
+        let entries = [&due, &early, &far].map(|m| encode_entry(m, None));
         let malformed: &[u8] = br#"{"order_id":"x"}"#;
         let body = encode_bundle(entries.iter().map(Vec::as_slice).chain([malformed]));
         let Arrival::Bundle(parts) = arrive(&body, now) else {
@@ -162,7 +172,7 @@ mod tests {
         assert!(matches!(&parts[1], BundlePart::Hold(m, _) if *m == early));
         assert!(
             matches!(&parts[2], BundlePart::Park { entry, order_id: Some(_), reason }
-            if reason.contains("before due_at") && *entry == encode_entry(&far))
+            if reason.contains("before due_at") && *entry == encode_entry(&far, None))
         );
         assert!(
             matches!(&parts[3], BundlePart::Park { entry, order_id: None, reason }

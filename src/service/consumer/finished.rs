@@ -79,7 +79,8 @@ impl<A: Action> Session<'_, A> {
             Next::Ack(_) => pass.settle(handled),
             Next::Park(reason) => {
                 let order = ParkedOrder::Entry {
-                    json: encode_entry(&pending.message),
+                    // In a parked copy without trace headers.
+                    json: encode_entry(&pending.message, None),
                     order_id: Some(pending.message.order_id.clone()),
                 };
                 pass.park(order, reason, true);

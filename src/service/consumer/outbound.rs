@@ -6,6 +6,12 @@
 //! step, an order not found yet, an order the action kept failing for). The
 //! delivery is acked only once the broker confirmed every copy: nothing is
 //! dropped silently, and a crash before the ack repeats the pass, not more.
+//!
+//! Every order keeps its W3C trace context: a message sent through the
+//! ladder again carries it as its own (`Outgoing::for_orders`); a parked copy
+//! of the whole delivery keeps the delivery's headers, and a copy of some of
+//! its orders carries no trace header and each order's context in its own
+//! entry (an entry that did not decode keeps only what its JSON held).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,7 +33,8 @@ use super::{Handled, Observer, Outcome};
 use crate::amqp::{self, BrokerError, Confirmed, Confirms};
 use crate::clock::Clock;
 use crate::publisher::{
-    ExpiryMessage, OrderId, Outgoing, encode_bundle, encode_entry, remaining_route,
+    ExpiryMessage, OrderId, Outgoing, TraceContext, encode_bundle, encode_entry, remaining_route,
+    trace_headers,
 };
 use crate::service::CONSUMER;
 use crate::telemetry::{MESSAGES_TOTAL, PARKED_TOTAL};
@@ -38,6 +45,10 @@ const REASON_MAX: usize = 1024;
 
 /// The bytes of a bundle around its entries, with room for a field or two.
 const ENVELOPE: usize = 32;
+
+/// `,"traceparent":""`: what an untraced order costs in a bundle whose
+/// headers carry another order's context.
+const NO_TRACE_FIELD: usize = 17;
 
 /// The broker did not take a copy: the delivery stays unacked and the
 /// publish is retried after a backoff.
@@ -77,24 +88,39 @@ pub(super) struct MoveOut {
 
 struct ParkedCopy {
     body: Vec<u8>,
+    /// The trace headers it carries: the delivery's, for the body as it came.
+    trace: ParkedTrace,
     reason: String,
     /// The ids of the parked orders that decoded; `None` for one that did not.
     orders: Vec<Option<OrderId>>,
 }
 
+/// The trace headers of a parked copy.
+enum ParkedTrace {
+    /// The delivery's (its body as it came).
+    Delivered,
+    /// These instead (a body written here).
+    Set(Option<TraceContext>),
+}
+
 impl ParkedCopy {
     /// A copy of decoded orders, all parked for `reason`: a v1 message for
-    /// one, a bundle for more.
+    /// one, a bundle for more; the headers carry the first one's context.
     fn of(messages: &[ExpiryMessage], reason: &str) -> Self {
+        let trace = messages.first().and_then(|m| m.trace.clone());
         let body = match messages {
             [one] => one.encode(),
             many => {
-                let entries: Vec<Vec<u8>> = many.iter().map(encode_entry).collect();
+                let entries: Vec<Vec<u8>> = many
+                    .iter()
+                    .map(|m| encode_entry(m, trace.as_ref()))
+                    .collect();
                 encode_bundle(entries.iter().map(Vec::as_slice))
             }
         };
         Self {
             body,
+            trace: ParkedTrace::Set(trace),
             reason: reason.to_owned(),
             orders: messages.iter().map(|m| Some(m.order_id.clone())).collect(),
         }
@@ -117,6 +143,12 @@ impl MoveOut {
             // came; else a bundle of the parked entries alone.
             let whole =
                 parked.len() >= orders || parked.iter().any(|(p, _)| *p == ParkedOrder::Whole);
+            // Some of it: its entries hold their own contexts (pass.rs), and
+            // the delivery's headers, another order's, are not copied.
+            let trace = match whole {
+                true => ParkedTrace::Delivered,
+                false => ParkedTrace::Set(None),
+            };
             let body = match whole {
                 true => delivery.data.clone(),
                 false => encode_bundle(parked.iter().filter_map(|(p, _)| match p {
@@ -133,6 +165,7 @@ impl MoveOut {
                 .collect();
             ParkedCopy {
                 body,
+                trace,
                 reason,
                 orders,
             }
@@ -277,7 +310,13 @@ impl Outbound {
                 too_long.push(message);
                 continue;
             };
-            let size = encode_entry(&message).len() + 1;
+            // At most this much, whatever context the first order has.
+            let untraced = if message.trace.is_none() {
+                NO_TRACE_FIELD
+            } else {
+                0
+            };
+            let size = encode_entry(&message, None).len() + untraced + 1;
             let room = |bytes: usize| bytes + size <= self.max_body_bytes;
             match groups
                 .iter_mut()
@@ -301,7 +340,7 @@ impl Outbound {
                 warn!(target: CONSUMER, reason = %copy.reason, orders = copy.orders.len(),
                     size = copy.body.len(), "parking");
                 let exchange = self.parked_exchange.as_str();
-                let properties = parked_properties(delivery, &copy.reason, id);
+                let properties = parked_properties(delivery, copy, id);
                 let publishing = self
                     .confirms
                     .publish(exchange, "", copy.body.clone(), properties);
@@ -404,10 +443,28 @@ fn confirmed(answer: Result<Confirmed, BrokerError>, exchange: &str) -> Result<(
     }
 }
 
-/// The original's headers and properties, plus why and when it was parked and
-/// the routing key it came with.
-fn parked_properties(delivery: &Delivery, reason: &str, message_id: &str) -> BasicProperties {
+/// The original's headers and properties (its trace headers only for its
+/// body as it came), plus why and when it was parked and the routing key it
+/// came with.
+fn parked_properties(delivery: &Delivery, copy: &ParkedCopy, message_id: &str) -> BasicProperties {
+    let reason = copy.reason.as_str();
     let mut headers: FieldTable = delivery.properties.headers().clone().unwrap_or_default();
+    if let ParkedTrace::Set(trace) = &copy.trace {
+        let kept = headers.inner().iter().filter(|(name, _)| {
+            let name = name.as_str();
+            name != TraceContext::TRACEPARENT && name != TraceContext::TRACESTATE
+        });
+        let mut fresh: FieldTable = kept
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect::<std::collections::BTreeMap<_, _>>()
+            .into();
+        if let Some(trace) = trace {
+            for (name, value) in &trace_headers(trace) {
+                fresh.insert(name.clone(), value.clone());
+            }
+        }
+        headers = fresh;
+    }
     let text = |s: &str| AMQPValue::LongString(s.into());
     headers.insert("x-parked-reason".into(), text(reason));
     headers.insert("x-parked-at".into(), text(&Utc::now().to_rfc3339()));

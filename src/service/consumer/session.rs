@@ -46,7 +46,7 @@ use super::retries::{Retries, Retry};
 use super::unacked::Unacked;
 use super::work::{Done, InFlight, Pending, expire_work};
 use crate::amqp::{BrokerError, ConnectError};
-use crate::publisher::ExpiryMessage;
+use crate::publisher::{ExpiryMessage, received_trace};
 use crate::service::CONSUMER;
 use crate::service::action::Action;
 use crate::telemetry::{
@@ -289,7 +289,14 @@ impl<'a, A: Action> Session<'a, A> {
         let now = self.consumer.clock.now();
         let delivery = Arc::new(delivery);
         let tag = delivery.delivery_tag;
-        match on_arrival(&delivery.data, content_type.as_deref(), now, settings) {
+        let trace = received_trace(&delivery.properties);
+        match on_arrival(
+            &delivery.data,
+            content_type.as_deref(),
+            trace,
+            now,
+            settings,
+        ) {
             Arrival::Bundle(parts) => {
                 metrics::histogram!(ORDERS_PER_MESSAGE.name).record(parts.len() as f64);
                 let mut pass = Pass::new(parts.len());
