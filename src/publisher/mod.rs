@@ -32,7 +32,7 @@ pub use self::error::ScheduleError;
 pub use self::message::{ExpiryMessage, Malformed};
 pub use self::order_id::{InvalidOrderId, OrderId};
 #[cfg(feature = "outbox")]
-pub use self::outbox::{OUTBOX_INSERT_SQL, OutboxEntry, OutboxError};
+pub use self::outbox::{OUTBOX_INSERT_SQL, OUTBOX_INSERT_TRACED_SQL, OutboxEntry, OutboxError};
 #[cfg(feature = "service")]
 pub(crate) use self::scheduler::{Outgoing, received_trace, remaining_route, trace_headers};
 pub use self::scheduler::{Scheduled, Scheduler};

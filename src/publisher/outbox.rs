@@ -13,8 +13,10 @@ use chrono::{DateTime, Utc};
 use thiserror::Error;
 
 use super::database_error::DatabaseError;
+use super::message::ExpiryMessage;
 use super::order_id::{InvalidOrderId, OrderId};
 use super::scheduler::Scheduler;
+use super::trace::{self, TraceContext};
 use crate::topology::DelayTooLong;
 
 /// The statement [`Scheduler::schedule_in_tx`] runs: the same one an order
@@ -22,6 +24,13 @@ use crate::topology::DelayTooLong;
 /// connection's `search_path`, like the orders table.
 pub const OUTBOX_INSERT_SQL: &str =
     "INSERT INTO order_expiry_outbox (order_id, due_at) VALUES ($1, $2) RETURNING id";
+
+/// [`OUTBOX_INSERT_SQL`] for an order with a W3C trace context: `$3` the
+/// `traceparent`, `$4` the `tracestate` (or NULL). Needs the columns of
+/// `migrations/0003_outbox_trace.sql`; an untraced order uses the statement
+/// above, which does not.
+pub const OUTBOX_INSERT_TRACED_SQL: &str = "INSERT INTO order_expiry_outbox \
+     (order_id, due_at, traceparent, tracestate) VALUES ($1, $2, $3, $4) RETURNING id";
 
 /// A schedule written into the caller's transaction: relayed once it commits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +77,9 @@ impl Scheduler {
     /// them, so a row the relay could never publish is refused here, inside
     /// the order's transaction, not found later. No broker connection is used.
     ///
+    /// With the `otel` feature the row carries the current `tracing` span's
+    /// trace context ([`OUTBOX_INSERT_TRACED_SQL`]), which the relay sends on.
+    ///
     /// ```no_run
     /// # async fn example(db: &mut tokio_postgres::Client) -> Result<(), Box<dyn std::error::Error>> {
     /// use order_expiry::{Scheduler, Settings};
@@ -95,13 +107,45 @@ impl Scheduler {
         OutboxError: From<O::Error>,
     {
         let order_id = order_id.try_into()?;
+        self.insert_in_tx(tx, order_id, due_at, trace::current())
+            .await
+    }
+
+    /// [`Scheduler::schedule_in_tx`] for a message built by the caller, with
+    /// its trace context passed explicitly ([`ExpiryMessage::with_trace`]);
+    /// one without takes the current span's (feature `otel`). Only its order
+    /// id, due time and context are written.
+    pub async fn schedule_message_in_tx(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        message: ExpiryMessage,
+    ) -> Result<OutboxEntry, OutboxError> {
+        let trace = message.trace.or_else(trace::current);
+        self.insert_in_tx(tx, message.order_id, message.due_at, trace)
+            .await
+    }
+
+    async fn insert_in_tx(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        order_id: OrderId,
+        due_at: DateTime<Utc>,
+        trace: Option<TraceContext>,
+    ) -> Result<OutboxEntry, OutboxError> {
         // Time only shortens the delay, so what fits now fits when relayed.
         let remaining_ms = (due_at - Utc::now()).num_milliseconds();
         self.ladder().route_for_remaining_ms(remaining_ms)?;
-        let row = tx
-            .query_one(OUTBOX_INSERT_SQL, &[&order_id.as_str(), &due_at])
-            .await
-            .map_err(DatabaseError::new)?;
+        let id = order_id.as_str();
+        let row = match &trace {
+            None => tx.query_one(OUTBOX_INSERT_SQL, &[&id, &due_at]).await,
+            Some(trace) => {
+                let (parent, state) = (trace.traceparent(), trace.tracestate());
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                    [&id, &due_at, &parent, &state];
+                tx.query_one(OUTBOX_INSERT_TRACED_SQL, &params).await
+            }
+        }
+        .map_err(DatabaseError::new)?;
         Ok(OutboxEntry {
             id: row.try_get(0).map_err(DatabaseError::new)?,
             order_id,

@@ -298,9 +298,9 @@ impl Scheduler {
         }))
     }
 
-    /// [`Scheduler::schedule_stream`] of messages built already, each with
-    /// its own trace context, or the reason one could not be built; one
-    /// result per item, in order.
+    /// [`Scheduler::schedule_stream`] of messages built already (the outbox
+    /// relay's rows), each with its own trace context, or the reason one
+    /// could not be built; one result per item, in order.
     pub(crate) fn schedule_messages<'a, S>(
         &'a self,
         orders: S,

@@ -1,12 +1,12 @@
 //! The default schema, kept once as SQL files in `migrations/`: the orders
-//! table, then the outbox. `order-expiry migrate` runs them in order, in one
+//! table, then the outbox, then the outbox's trace columns. `order-expiry migrate` runs them in order, in one
 //! transaction ([`super::PgOrderStore::migrate`]), and the postgres service of
 //! `docker-compose.yml` runs the same files on an empty data directory
 //! (mounted into `/docker-entrypoint-initdb.d`). Every statement is idempotent.
 
 /// The files of `migrations/`, in the order they run (their names' order, as
 /// the postgres image runs them).
-const MIGRATIONS: [(&str, &str); 2] = [
+const MIGRATIONS: [(&str, &str); 3] = [
     (
         "0001_orders.sql",
         include_str!("../../migrations/0001_orders.sql"),
@@ -14,6 +14,10 @@ const MIGRATIONS: [(&str, &str); 2] = [
     (
         "0002_outbox.sql",
         include_str!("../../migrations/0002_outbox.sql"),
+    ),
+    (
+        "0003_outbox_trace.sql",
+        include_str!("../../migrations/0003_outbox_trace.sql"),
     ),
 ];
 

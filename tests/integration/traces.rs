@@ -1,9 +1,11 @@
 //! W3C trace context (issue 38): each order arrives due with its own
 //! `traceparent`, alone or bundled, through the ladder, through the
 //! consumer's re-sends, into the parked queue and back out with `parked
-//! replay` (the same republishing as `ladder migrate`).
+//! replay` (the same republishing as `ladder migrate`), and from the outbox's
+//! optional columns through the relay.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -11,7 +13,7 @@ use lapin::BasicProperties;
 use lapin::options::BasicGetOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use order_expiry::publisher::{DueMessage, ExpiryMessage, TraceContext, TraceHeaders};
-use order_expiry::service::Outcome;
+use order_expiry::service::{Outcome, Readiness, Relay};
 use order_expiry_testkit::{World, at_ms, count, json, message, poll, table};
 
 /// The context of trace number `n`.
@@ -210,5 +212,61 @@ async fn each_order_keeps_its_own_trace_through_ladder_resends_parking_and_repla
     assert_eq!(in_ladder, [parked_early, early_2]);
 
     env.delete_queue(&spy).await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_relays_each_rows_trace_context_and_a_table_without_the_columns() {
+    let env = World::new().await;
+    let scheduler = env.scheduler();
+    let due = at_ms(-10);
+    let mut client = env.store.client().await.expect("database");
+    let tx = client.transaction().await.expect("begin");
+    // The library, the plain SQL of another language, an untraced row and
+    // one whose traceparent is nonsense (relayed untraced).
+    let traced = message("ot-lib", due).with_trace(context(30));
+    scheduler.schedule_message_in_tx(&tx, traced).await.unwrap();
+    scheduler
+        .schedule_in_tx(&tx, "ot-plain", due)
+        .await
+        .unwrap();
+    let insert = "INSERT INTO order_expiry_outbox (order_id, due_at, traceparent, tracestate) \
+                  VALUES ($1, $2, $3, $4)";
+    let other = context(31);
+    let sql_row = ("ot-sql", other.traceparent(), Some("vendor=1"));
+    for (id, traceparent, tracestate) in [sql_row, ("ot-bad", "00-nonsense", None)] {
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+            [&id, &due, &traceparent, &tracestate];
+        tx.execute(insert, &params).await.expect(insert);
+    }
+    tx.commit().await.expect("commit");
+
+    let readiness = Arc::new(Readiness::default());
+    let mut relay = Relay::new(&env.settings, Arc::clone(&readiness)).expect("relay");
+    assert_eq!(relay.relay_once().await.expect("a round").published, 4);
+    let mut arrived = take_all(&env, &env.ladder().due_queue()).await;
+    arrived.sort_by(|a, b| a.order_id.as_str().cmp(b.order_id.as_str()));
+    let traces: Vec<_> = arrived
+        .iter()
+        .map(|m| (m.order_id.as_str(), m.trace.clone()))
+        .collect();
+    let expected = [
+        ("ot-bad", None),
+        ("ot-lib", Some(context(30))),
+        ("ot-plain", None),
+        ("ot-sql", Some(context(31))),
+    ];
+    assert_eq!(traces, expected);
+
+    // A database not migrated to 0003 yet: relayed, untraced.
+    let drop = "ALTER TABLE order_expiry_outbox DROP COLUMN traceparent, DROP COLUMN tracestate";
+    client.batch_execute(drop).await.expect(drop);
+    let tx = client.transaction().await.expect("begin");
+    scheduler.schedule_in_tx(&tx, "ot-old", due).await.unwrap();
+    tx.commit().await.expect("commit");
+    let mut relay = Relay::new(&env.settings, readiness).expect("relay");
+    assert_eq!(relay.relay_once().await.expect("a round").published, 1);
+    let old = take_all(&env, &env.ladder().due_queue()).await;
+    assert_eq!(old, [message("ot-old", due)]);
     env.cleanup().await;
 }

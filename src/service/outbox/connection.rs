@@ -24,9 +24,13 @@ const SCHEMA_SQL: &str = "SELECT n.nspname::text FROM pg_catalog.pg_class c \
      JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
      WHERE c.oid = to_regclass('order_expiry_outbox')";
 
-/// The oldest rows no other relay holds, locked until the round commits.
-const LOCK_SQL: &str = "SELECT id, order_id, due_at, created_at FROM order_expiry_outbox \
-     ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED";
+/// The oldest rows no other relay holds, locked until the round commits,
+/// with their trace context. The optional columns are read through the row's
+/// JSON so that a table without them (`migrations/0003_outbox_trace.sql` not
+/// run yet) is relayed too, untraced.
+const LOCK_SQL: &str = "SELECT id, order_id, due_at, created_at, \
+     to_jsonb(o) ->> 'traceparent', to_jsonb(o) ->> 'tracestate' \
+     FROM order_expiry_outbox o ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED";
 
 /// Rows done with: confirmed, or moved to the rejected table.
 const DELETE_SQL: &str = "DELETE FROM order_expiry_outbox WHERE id = ANY($1)";
@@ -147,6 +151,8 @@ impl RelayConnection {
                     order_id: r.try_get(1)?,
                     due_at: r.try_get(2)?,
                     created_at: r.try_get(3)?,
+                    traceparent: r.try_get(4)?,
+                    tracestate: r.try_get(5)?,
                 })
             })
             .collect::<Result<Vec<_>, tokio_postgres::Error>>()?;

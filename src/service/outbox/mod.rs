@@ -15,6 +15,10 @@
 //! `outbox.poll_interval_ms` as a fallback, and goes on at once while rounds
 //! come back full.
 //!
+//! A row's optional `traceparent`/`tracestate` columns
+//! (`migrations/0003_outbox_trace.sql`) go out as the message's trace
+//! headers: the order's trace goes on from the order service's INSERT.
+//!
 //! - `schema`: the channel its trigger notifies (the tables and the trigger:
 //!   `migrations/0002_outbox.sql`).
 //! - [`connection`]: the relay's own listening connection and its statements.
@@ -29,7 +33,7 @@ mod schema;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use futures::StreamExt;
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
@@ -38,7 +42,7 @@ use tracing::{info, warn};
 use self::connection::RelayConnection;
 pub use self::report::Relayed;
 use self::report::report;
-use self::round::{RowFate, fate};
+use self::round::{OutboxRow, RowFate, fate};
 use super::backoff::Backoff;
 use super::http::{OutboxState, Readiness};
 use super::orders::{StoreError, connect_config, with_causes};
@@ -252,12 +256,10 @@ impl Relay {
         let results = match self.scheduler.connect().await {
             // Connected: publish all, pipelined; each result as it comes.
             Ok(()) => {
-                let orders: Vec<(String, DateTime<Utc>)> = rows
-                    .iter()
-                    .map(|r| (r.order_id.clone(), r.due_at))
-                    .collect();
+                // Each with the trace context of its row, not the relay's.
+                let orders: Vec<_> = rows.iter().map(OutboxRow::message).collect();
                 self.scheduler
-                    .schedule_stream(futures::stream::iter(orders))
+                    .schedule_messages(futures::stream::iter(orders))
                     .map(|result| (result, Utc::now()))
                     .collect::<Vec<_>>()
                     .await

@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::publisher::{ScheduleError, Scheduled};
+use crate::publisher::{ExpiryMessage, OrderId, ScheduleError, Scheduled, TraceContext};
 
 /// One locked row of `order_expiry_outbox`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -11,6 +11,20 @@ pub(crate) struct OutboxRow {
     pub(crate) order_id: String,
     pub(crate) due_at: DateTime<Utc>,
     pub(crate) created_at: DateTime<Utc>,
+    /// The W3C context the order service inserted with it, if any.
+    pub(crate) traceparent: Option<String>,
+    pub(crate) tracestate: Option<String>,
+}
+
+impl OutboxRow {
+    /// The message the row asks for, with its trace context (an invalid one
+    /// is dropped: the order goes on untraced).
+    pub(crate) fn message(&self) -> Result<ExpiryMessage, ScheduleError> {
+        let order_id = OrderId::new(self.order_id.as_str())?;
+        let trace =
+            TraceContext::from_wire(self.traceparent.as_deref(), self.tracestate.as_deref());
+        Ok(ExpiryMessage::new(order_id, self.due_at).with_trace(trace))
+    }
 }
 
 /// What happens to a row after its publish.
