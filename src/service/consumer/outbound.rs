@@ -143,8 +143,9 @@ impl MoveOut {
             // came; else a bundle of the parked entries alone.
             let whole =
                 parked.len() >= orders || parked.iter().any(|(p, _)| *p == ParkedOrder::Whole);
-            // Some of it: its entries hold their own contexts (pass.rs), and
-            // the delivery's headers, another order's, are not copied.
+            // Some of it: its entries hold their own contexts (written for a
+            // message without trace headers by arrival.rs and finished.rs),
+            // and the delivery's headers, another order's, are not copied.
             let trace = match whole {
                 true => ParkedTrace::Delivered,
                 false => ParkedTrace::Set(None),
