@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use lapin::BasicProperties;
+use lapin::message::Delivery;
 use lapin::options::BasicGetOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use order_expiry::publisher::{DueMessage, ExpiryMessage, TraceContext, TraceHeaders};
@@ -32,15 +33,17 @@ fn header(headers: &FieldTable, name: &str) -> Option<String> {
 
 /// Each order a message carries, with the trace context the consumer reads
 /// from its body and headers.
-fn orders_of(body: &[u8], headers: &FieldTable) -> Vec<ExpiryMessage> {
+fn orders_of(delivery: &Delivery) -> Vec<ExpiryMessage> {
+    let headers = delivery.properties.headers().clone().unwrap_or_default();
     let (traceparent, tracestate) = (
-        header(headers, "traceparent"),
-        header(headers, "tracestate"),
+        header(&headers, "traceparent"),
+        header(&headers, "tracestate"),
     );
     let trace = TraceHeaders {
         traceparent: traceparent.as_deref(),
         tracestate: tracestate.as_deref(),
     };
+    let body = &delivery.data;
     let decoded = DueMessage::decode_traced(body, None, 1 << 20, trace).expect("a due message");
     decoded.messages().cloned().collect()
 }
@@ -49,13 +52,7 @@ fn orders_of(body: &[u8], headers: &FieldTable) -> Vec<ExpiryMessage> {
 async fn take_all(env: &World, queue: &str) -> Vec<ExpiryMessage> {
     let mut orders = Vec::new();
     while let Some(got) = env.get(queue).await {
-        let headers = got
-            .delivery
-            .properties
-            .headers()
-            .clone()
-            .unwrap_or_default();
-        orders.extend(orders_of(&got.delivery.data, &headers));
+        orders.extend(orders_of(&got.delivery));
     }
     orders
 }
@@ -67,13 +64,7 @@ async fn peek(env: &World, queue: &str) -> Vec<Vec<ExpiryMessage>> {
     let mut messages = Vec::new();
     let get = || channel.basic_get(queue.into(), BasicGetOptions { no_ack: false });
     while let Some(got) = get().await.expect("basic.get") {
-        let headers = got
-            .delivery
-            .properties
-            .headers()
-            .clone()
-            .unwrap_or_default();
-        messages.push(orders_of(&got.delivery.data, &headers));
+        messages.push(orders_of(&got.delivery));
     }
     let _ = channel.close(200, "requeue".into()).await;
     messages

@@ -108,12 +108,7 @@ impl Endpoint {
             let state = Arc::clone(&shared);
             async move { answer(state, request).await }
         });
-        let done = stop.clone();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { done.cancelled().await })
-                .await;
-        });
+        serve_until(listener, app, stop.clone());
         Self { addr, state, stop }
     }
 
@@ -349,4 +344,18 @@ async fn expire(orders: &PgOrderStore, order_id: &str, body: &str) -> Response {
         }
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e).into_response(),
     }
+}
+
+/// Serves `app` on `listener` in a task of its own until `stop` is cancelled:
+/// the testkit's HTTP endpoints (this one, the OTLP receiver).
+pub(crate) fn serve_until(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    stop: CancellationToken,
+) {
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+    });
 }

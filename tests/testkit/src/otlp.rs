@@ -88,12 +88,7 @@ impl Receiver {
                 async move { receive(&state, &headers, &body) }
             }),
         );
-        let done = stop.clone();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { done.cancelled().await })
-                .await;
-        });
+        crate::endpoint::serve_until(listener, app, stop.clone());
         Self { addr, state, stop }
     }
 
