@@ -15,11 +15,16 @@ pub(crate) use self::catalog::*;
 pub use self::otlp::{OtlpConfigError, OtlpError, OtlpExport};
 #[cfg(feature = "service")]
 pub(crate) use self::recorder::metrics_handle;
+/// For the tests of this workspace (a subscriber with export on a test's own
+/// thread); not for users, who call [`init_tracing_and_export`].
+#[cfg(feature = "otlp")]
+#[doc(hidden)]
+pub use self::subscriber::dispatch_with_export;
 #[cfg(feature = "service")]
 pub use self::subscriber::init_tracing;
+#[cfg(feature = "otlp")]
+pub use self::subscriber::init_tracing_and_export;
 /// For the tests of this workspace (output only with `TEST_LOG`); not for users.
 #[cfg(feature = "service")]
 #[doc(hidden)]
 pub use self::subscriber::init_tracing_for_tests;
-#[cfg(feature = "otlp")]
-pub use self::subscriber::{dispatch_with_export, init_tracing_and_export};
