@@ -90,6 +90,24 @@ pub(crate) async fn connect(
     name: &str,
     timeout: Duration,
 ) -> Result<Connection, ConnectError> {
+    Ok(connect_node(urls, tls, name, timeout).await?.0)
+}
+
+/// The broker node a connection reached, as its URL names it: what a span
+/// of the consumer reports as `server.address` and `server.port`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BrokerNode {
+    pub(crate) host: String,
+    pub(crate) port: u16,
+}
+
+/// [`connect`], and which node of the list answered.
+pub(crate) async fn connect_node(
+    urls: &SecretString,
+    tls: &TlsFiles,
+    name: &str,
+    timeout: Duration,
+) -> Result<(Connection, BrokerNode), ConnectError> {
     let raw = urls.expose_secret();
     if !raw.contains(',') {
         return connect_one(urls, tls, name, timeout).await;
@@ -103,9 +121,9 @@ pub(crate) async fn connect(
     for i in 0..list.len() {
         let url = &list[(start + i) % list.len()];
         match connect_one(url, tls, name, timeout).await {
-            Ok(connection) => {
+            Ok(connected) => {
                 tracing::debug!(url = %redact_url(url), name, "connected");
-                return Ok(connection);
+                return Ok(connected);
             }
             Err(error) => failures.push(error),
         }
@@ -120,7 +138,7 @@ async fn connect_one(
     tls: &TlsFiles,
     name: &str,
     timeout: Duration,
-) -> Result<Connection, ConnectError> {
+) -> Result<(Connection, BrokerNode), ConnectError> {
     let redacted = || redact_url(url);
     let tls_error = |source| ConnectError::Tls {
         url: redacted(),
@@ -142,10 +160,14 @@ async fn connect_one(
         url: redacted(),
         source: AmqpError::new(source),
     })?;
+    let node = BrokerNode {
+        host: uri.authority.host.clone(),
+        port: uri.authority.port,
+    };
     let properties = ConnectionProperties::default().with_connection_name(name.into());
     let connecting = Connection::connect_uri_with_config(uri, properties, config, runtime);
     match bounded("connect", timeout, connecting).await {
-        Ok(connection) => Ok(connection),
+        Ok(connection) => Ok((connection, node)),
         Err(BrokerError::Failed { source, .. }) if is_untrusted_certificate(source.lapin()) => {
             Err(tls_error(TlsError::Untrusted { source }))
         }

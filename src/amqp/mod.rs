@@ -16,6 +16,8 @@ pub(crate) use self::bounded::{bounded, is_not_found, is_precondition_failed};
 pub use self::client_error::AmqpError;
 pub(crate) use self::confirms::{Confirmed, Confirming, Confirms};
 pub use self::connect::ConnectError;
+#[cfg(feature = "service")]
+pub(crate) use self::connect::{BrokerNode, connect_node};
 pub(crate) use self::connect::{close_failed, connect};
 #[cfg(feature = "service")]
 pub(crate) use self::heartbeat::with_heartbeat;

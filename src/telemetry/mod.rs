@@ -8,6 +8,8 @@ mod otlp;
 #[cfg(feature = "service")]
 mod recorder;
 #[cfg(feature = "service")]
+pub(crate) mod spans;
+#[cfg(feature = "service")]
 mod subscriber;
 
 pub(crate) use self::catalog::*;

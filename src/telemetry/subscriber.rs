@@ -6,6 +6,7 @@ use std::fmt::{Debug, Write};
 use tracing::field::{Field, Visit};
 use tracing::{Dispatch, Event, Level, Subscriber};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::{EnvFilter, Registry, fmt};
 
 use crate::settings::LogFormat;
@@ -62,27 +63,48 @@ pub fn dispatch_with_export(
 /// subscriber has one type whichever features are on.
 type OtelLayer = Box<dyn Layer<Registry> + Send + Sync>;
 
+/// What is exported when export is on, whatever the log filter says: a
+/// `RUST_LOG=warn` for quieter logs must not cut every order's span. The AMQP
+/// client's own spans (its I/O loop) tell an operator nothing about an order.
+const EXPORTED: &str = "info,lapin=warn";
+
 /// One subscriber for every binary and test: the OpenTelemetry layer when
-/// export is on, the filter, then text or JSON lines on stderr.
+/// export is on, the filter, then text or JSON lines on stderr. Without
+/// export the filter is global, as it always was; with it, the filter is the
+/// logs' alone and the export has [`EXPORTED`].
 fn dispatch(format: LogFormat, filter: &str, otel: Option<OtelLayer>) -> Dispatch {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(filter))
         .unwrap_or_else(|_| EnvFilter::new("info"));
+    let Some(otel) = otel else {
+        let registry = tracing_subscriber::registry()
+            .with(filter)
+            .with(ExpectedNotFound);
+        return match format {
+            LogFormat::Text => Dispatch::new(registry.with(text())),
+            LogFormat::Json => Dispatch::new(registry.with(json())),
+        };
+    };
     let registry = tracing_subscriber::registry()
-        .with(otel)
-        .with(filter)
+        .with(otel.with_filter(EnvFilter::new(EXPORTED)))
         .with(ExpectedNotFound);
     match format {
-        LogFormat::Text => Dispatch::new(registry.with(fmt::layer().with_writer(std::io::stderr))),
-        LogFormat::Json => Dispatch::new(
-            registry.with(
-                fmt::layer()
-                    .json()
-                    .with_current_span(true)
-                    .with_writer(std::io::stderr),
-            ),
-        ),
+        LogFormat::Text => Dispatch::new(registry.with(text().with_filter(filter))),
+        LogFormat::Json => Dispatch::new(registry.with(json().with_filter(filter))),
     }
+}
+
+/// Log lines as text on stderr.
+fn text<S: Subscriber + for<'span> LookupSpan<'span>>() -> impl Layer<S> {
+    fmt::layer().with_writer(std::io::stderr)
+}
+
+/// Log lines as JSON on stderr, each with its span's fields.
+fn json<S: Subscriber + for<'span> LookupSpan<'span>>() -> impl Layer<S> {
+    fmt::layer()
+        .json()
+        .with_current_span(true)
+        .with_writer(std::io::stderr)
 }
 
 /// For tests: logs only when `TEST_LOG` is set, so a passing run stays quiet.

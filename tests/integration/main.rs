@@ -20,6 +20,7 @@ mod deploy_users;
 mod docs;
 mod extensions;
 mod failover;
+mod following;
 mod http;
 mod https;
 mod insert_race;

@@ -6,7 +6,8 @@
 //! Body: `{"order_id", "due_at", "expired_at", "message_id"}`, content type
 //! `application/json`; properties `type = order.expired` and `message_id` =
 //! the idempotency key of the deadline (`order-expiry:<id>:<due_at>`), the same
-//! for every redelivery, so subscribers can drop duplicates.
+//! for every redelivery, so subscribers can drop duplicates; headers
+//! `traceparent` (and `tracestate`) when the order has a trace context.
 //!
 //! An event the exchange routes nowhere, or that the broker nacks, is retried
 //! alone with backoff (and logged): nothing is acked before someone could have
@@ -21,6 +22,7 @@ use serde_json::json;
 
 use super::{Action, ActionAnswer, ActionError, Expiring, idempotency_key};
 use crate::amqp::{self, BrokerError, ConfirmLink, Confirmed, TlsFiles};
+use crate::publisher::trace_headers;
 use crate::service::rate::Pace;
 use crate::settings::Settings;
 
@@ -75,12 +77,15 @@ fn event(due: Expiring<'_>) -> (Vec<u8>, BasicProperties) {
         "expired_at": millis(Utc::now()),
         "message_id": due.message_id,
     });
-    let properties = BasicProperties::default()
+    let mut properties = BasicProperties::default()
         .with_content_type("application/json".into())
         .with_delivery_mode(2)
         .with_type("order.expired".into())
         .with_message_id(idempotency_key(message).as_str().into())
         .with_timestamp(u64::try_from(Utc::now().timestamp()).unwrap_or(0));
+    if let Some(trace) = due.trace {
+        properties = properties.with_headers(trace_headers(trace));
+    }
     (body.to_string().into_bytes(), properties)
 }
 

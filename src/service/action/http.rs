@@ -4,8 +4,9 @@
 //! Request: JSON `{"order_id", "due_at", "message_id"}`, header
 //! `Idempotency-Key: order-expiry:<id, percent-encoded>:<due_at>` (the same for
 //! every delivery, retry and re-check of one deadline, and for a duplicate
-//! schedule of it; a new deadline after an extension gets a new key), and
-//! `Authorization: Bearer …` when `action.http.bearer_token` is set.
+//! schedule of it; a new deadline after an extension gets a new key),
+//! `Authorization: Bearer …` when `action.http.bearer_token` is set, and the
+//! order's W3C `traceparent` (and `tracestate`) when it has one.
 //!
 //! At most `action.http.concurrency` requests in flight and `max_rps` a
 //! second; a 429 or 503 with `Retry-After` pauses every request for that long.
@@ -32,7 +33,7 @@ use serde_json::json;
 use super::client::{Answer, Client, Exchange, excerpt, segment};
 use super::{Action, ActionAnswer, ActionError, BuildError, Expiring};
 use crate::clock::Clock;
-use crate::publisher::ExpiryMessage;
+use crate::publisher::{ExpiryMessage, TraceContext};
 use crate::service::clock::{ClockReport, OffsetEstimate, reading_bounds};
 use crate::settings::{ClockSettings, HttpActionSettings, bearer};
 
@@ -155,10 +156,17 @@ impl HttpAction {
         let (answer, exchange) = self
             .client
             .send_timed(|http| {
-                http.post(url)
+                let mut request = http
+                    .post(url)
                     .header("content-type", "application/json")
-                    .header("idempotency-key", key)
-                    .body(body)
+                    .header("idempotency-key", key);
+                if let Some(trace) = due.trace {
+                    request = request.header(TraceContext::TRACEPARENT, trace.traceparent());
+                    if let Some(state) = trace.tracestate() {
+                        request = request.header(TraceContext::TRACESTATE, state);
+                    }
+                }
+                request.body(body)
             })
             .await;
         if let Some(exchange) = &exchange {

@@ -26,7 +26,7 @@ pub use self::http::HttpAction;
 pub(crate) use self::http::idempotency_key;
 use super::orders::{FailureClass, OrderStore, PgOrderStore, StoreError};
 use crate::clock::Clock;
-use crate::publisher::ExpiryMessage;
+use crate::publisher::{ExpiryMessage, TraceContext};
 use crate::settings::{ActionKind, Settings};
 
 /// One due message as an action sees it.
@@ -36,6 +36,10 @@ pub struct Expiring<'a> {
     pub message: &'a ExpiryMessage,
     /// Its `message_id` property, when it has one.
     pub message_id: Option<&'a str>,
+    /// The trace context the action passes on (HTTP `traceparent`, the
+    /// event's headers): the consumer's span of it when spans are exported,
+    /// else the context the order was created in.
+    pub trace: Option<&'a TraceContext>,
 }
 
 /// What an action did with one due message.

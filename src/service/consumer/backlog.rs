@@ -232,6 +232,15 @@ mod tests {
 
     use super::*;
     use crate::publisher::{ExpiryMessage, OrderId};
+    use crate::telemetry::spans::Consuming;
+
+    fn consuming() -> Consuming {
+        let node = crate::amqp::BrokerNode {
+            host: "localhost".into(),
+            port: 5672,
+        };
+        Consuming::new("due", "sql", node)
+    }
 
     /// `n` orders of one bundle, each due `due_in` from now, held.
     fn hold(backlog: &mut Backlog, prefix: &str, n: usize, due_in: Duration) {
@@ -240,7 +249,8 @@ mod tests {
         for i in 0..n {
             let order_id = OrderId::new(format!("{prefix}-{i}")).unwrap();
             let message = ExpiryMessage::new(order_id, due_at);
-            backlog.hold_until(Pending::new(Arc::clone(&delivery), message), due_at);
+            let pending = Pending::new(Arc::clone(&delivery), message, &consuming());
+            backlog.hold_until(pending, due_at);
         }
     }
 

@@ -32,6 +32,7 @@ use crate::service::CONSUMER;
 use crate::service::action::{Action, ActionError};
 use crate::service::orders::FailureClass;
 use crate::telemetry::RETRIES_TOTAL;
+use crate::telemetry::spans;
 
 impl<A: Action> Session<'_, A> {
     /// Work finished: record it, send the acks that allows, and isolate or
@@ -72,6 +73,7 @@ impl<A: Action> Session<'_, A> {
     /// One order's verdict, into its delivery's pass.
     fn verdict(&mut self, mut pending: Pending, next: Next, handled: Option<super::Handled>) {
         let tag = pending.tag();
+        describe(&pending, &next);
         let Some(pass) = self.unacked.pass(tag) else {
             return;
         };
@@ -230,4 +232,26 @@ impl<A: Action> Session<'_, A> {
         }
         Ok(())
     }
+}
+
+/// What its span says of an order's verdict: the outcome (`retried` for
+/// another try, none for a hold) and the attempt; a parked order's span
+/// fails, with the reason.
+fn describe(pending: &Pending, next: &Next) {
+    let span = &pending.span;
+    let outcome = match next {
+        Next::Ack(outcome) | Next::Requeue(_, outcome) => outcome.label(),
+        Next::Park(reason) => {
+            spans::failed(span, reason);
+            Outcome::Parked.label()
+        }
+        Next::Retry(_) => "retried",
+        Next::Hold(..) => return,
+    };
+    span.record("outcome", outcome);
+    spans::count(
+        span,
+        "order_expiry.attempt",
+        pending.attempts.saturating_add(1),
+    );
 }

@@ -17,7 +17,7 @@ use tracing::warn;
 use super::Consumer;
 use super::outbound::Outbound;
 use super::session::SessionError;
-use crate::amqp::{self, BrokerError, TlsFiles};
+use crate::amqp::{self, BrokerError, BrokerNode, TlsFiles};
 use crate::service::CONSUMER;
 use crate::topology::{KeptQueue, Ladder, Topology};
 
@@ -38,6 +38,8 @@ pub(super) struct Link {
     probe: Channel,
     /// `amqp.timeout_ms`: bounds every call on the broker.
     timeout: Duration,
+    /// The node the connection reached.
+    pub(super) node: BrokerNode,
 }
 
 impl Link {
@@ -49,7 +51,7 @@ impl Link {
         let tls = TlsFiles::from_settings(amqp);
         let name = "order-expiry consumer";
         let url = amqp::with_heartbeat(&amqp.url, amqp.heartbeat);
-        let connection = amqp::connect(&url, &tls, name, timeout).await?;
+        let (connection, node) = amqp::connect_node(&url, &tls, name, timeout).await?;
         // Everything after the connect closes the connection when it fails (a
         // node without its quorum answers the connect, then times out a declare).
         let set_up = async {
@@ -92,6 +94,7 @@ impl Link {
             },
             probe,
             timeout,
+            node,
         })
     }
 

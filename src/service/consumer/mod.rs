@@ -225,6 +225,7 @@ impl<A: Action> Consumer<A> {
                 check,
                 unknown_rechecks: settings.consumer.unknown_rechecks.clone(),
                 clock: clock.clone(),
+                action_kind: settings.action.kind.as_str(),
             }),
             clock,
             readiness,

@@ -212,6 +212,9 @@ impl Outbound {
     pub(super) fn move_out(&self, move_out: MoveOut) -> BoxFuture<'static, Done> {
         let outbound = self.clone();
         let span = delivery_span(&move_out.delivery, None);
+        // Exported as what it does (its orders' own spans have ended).
+        span.record("otel.name", "publish leftovers");
+        span.record("otel.kind", "producer");
         async move { outbound.publish_all(move_out).await }
             .instrument(span)
             .boxed()

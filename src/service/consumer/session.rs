@@ -49,6 +49,7 @@ use crate::amqp::{BrokerError, ConnectError};
 use crate::publisher::{ExpiryMessage, received_trace};
 use crate::service::CONSUMER;
 use crate::service::action::Action;
+use crate::telemetry::spans::Consuming;
 use crate::telemetry::{
     ARRIVAL_LATENESS_SECONDS, CATCH_UP_OLDEST_SECONDS, CATCH_UP_ORDERS, CATCH_UP_TOTAL, HELD_TOTAL,
     ORDERS_PER_MESSAGE,
@@ -117,6 +118,8 @@ pub(super) struct Session<'a, A> {
     pub(super) outage: Outage,
     /// Whether the node still acts for its cluster (`probe.rs`).
     probe: Probe,
+    /// What each order's span says of where it was consumed.
+    consuming: Consuming,
     /// Whether any work succeeded: the connection is good.
     pub(super) worked: bool,
     /// Orders of the catch-up lane last reported in its gauge.
@@ -133,6 +136,7 @@ impl<'a, A: Action> Session<'a, A> {
         let settings = &consumer.settings;
         let queue = consumer.ladder.due_queue();
         info!(target: CONSUMER, queue = %queue, prefetch = settings.prefetch, "consuming");
+        let consuming = Consuming::new(&queue, consumer.work.action_kind, link.node.clone());
         Ok(Self {
             consumer,
             link,
@@ -142,6 +146,7 @@ impl<'a, A: Action> Session<'a, A> {
             retries: Retries::new(settings.retry_initial, settings.retry_max),
             outage: Outage::new(settings.retry_initial, settings.outage_retry_max),
             probe: Probe::new(consumer.amqp.probe_interval),
+            consuming,
             worked: false,
             catch_up_reported: 0,
             started: Instant::now(),
@@ -376,7 +381,7 @@ impl<'a, A: Action> Session<'a, A> {
             return;
         };
         for message in window {
-            let pending = Pending::new(Arc::clone(delivery), message);
+            let pending = Pending::new(Arc::clone(delivery), message, &self.consuming);
             if at <= now {
                 record_arrival(&pending.message, now);
                 // Late by more than catch_up_after: an outage's backlog, even

@@ -16,17 +16,18 @@ use futures::future::{BoxFuture, join_all};
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use lapin::message::Delivery;
-use tracing::{debug, info};
+use tracing::{Instrument as _, debug, info};
 
 use super::decide::{AfterCheck, Next, after_action, after_check};
 use super::outbound::{MoveOut, OutboundError};
 use super::session::SessionError;
 use super::{Handled, Outcome};
 use crate::clock::Clock;
-use crate::publisher::ExpiryMessage;
+use crate::publisher::{ExpiryMessage, TraceContext};
 use crate::service::CONSUMER;
 use crate::service::action::{Action, ActionError, Expiring, PaymentCheck};
 use crate::settings::CheckSettings;
+use crate::telemetry::spans::{self, Consuming, Processing};
 use crate::telemetry::{
     BATCH_ORDERS, BATCH_SECONDS, EARLY_TOTAL, LATENESS_SECONDS, MESSAGES_TOTAL, NOT_DUE_TOTAL,
 };
@@ -37,7 +38,11 @@ pub(super) struct Pending {
     /// Shared by the orders of one bundle.
     pub(super) delivery: Arc<Delivery>,
     pub(super) message: ExpiryMessage,
+    /// Its `process` span, from arrival to its verdict (`telemetry::spans`).
     pub(super) span: tracing::Span,
+    /// The context the action passes on: the span's own when it is
+    /// exported, else the one the order came with (`None`: in the message).
+    onward: Option<TraceContext>,
     /// Times the action failed for it (busy, or a transient failure), from
     /// the message's `attempts` on: its own backoff.
     pub(super) attempts: u32,
@@ -46,16 +51,43 @@ pub(super) struct Pending {
 }
 
 impl Pending {
-    pub(super) fn new(delivery: Arc<Delivery>, message: ExpiryMessage) -> Self {
+    /// An order of `delivery`, consumed as `consuming` says.
+    pub(super) fn new(
+        delivery: Arc<Delivery>,
+        message: ExpiryMessage,
+        consuming: &Consuming,
+    ) -> Self {
         let span = delivery_span(&delivery, Some(&message.order_id));
+        let processing = Processing {
+            consuming,
+            creation: message.trace.as_ref(),
+            routing_key: delivery.routing_key.as_str(),
+            message_id: delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|id| id.as_str()),
+            delivery_tag: delivery.delivery_tag,
+            due_at: message.due_at,
+        };
+        let onward = match spans::process(&span, processing) {
+            true => spans::onward(&span),
+            false => None,
+        };
         let attempts = message.attempts;
         Self {
             delivery,
             message,
             span,
+            onward,
             attempts,
             failing_since: None,
         }
+    }
+
+    /// Whether its span is exported.
+    fn exported(&self) -> bool {
+        self.onward.is_some()
     }
 
     /// The action failed for it once more: counted, and the first failure's
@@ -72,6 +104,7 @@ impl Pending {
     fn expiring(&self) -> Expiring<'_> {
         Expiring {
             message: &self.message,
+            trace: self.onward.as_ref().or(self.message.trace.as_ref()),
             message_id: self
                 .delivery
                 .properties
@@ -90,6 +123,8 @@ pub(super) struct Work<A> {
     pub(super) unknown_rechecks: Vec<Duration>,
     /// The action's reference clock: the time of every decision.
     pub(super) clock: Clock,
+    /// `action.kind`, for the spans.
+    pub(super) action_kind: &'static str,
 }
 
 /// Batches, parks and re-queues running now, concurrently with the delivery loop.
@@ -182,8 +217,9 @@ pub(super) fn expire_work<A: Action>(
         let act: Vec<usize> = (0..batch.len()).filter(|i| next[*i].is_none()).collect();
         if !act.is_empty() {
             let due: Vec<Expiring<'_>> = act.iter().map(|i| batch[*i].expiring()).collect();
+            let span = batch_span(&work, act.iter().map(|i| &batch[*i]));
             let started = Instant::now();
-            let result = work.action.expire(&due).await;
+            let result = work.action.expire(&due).instrument(span).await;
             metrics::histogram!(BATCH_ORDERS.name).record(due.len() as f64);
             metrics::histogram!(BATCH_SECONDS.name).record(started.elapsed().as_secs_f64());
             let verdicts = match result {
@@ -207,6 +243,28 @@ pub(super) fn expire_work<A: Action>(
         settle(batch, next, observed, work.clock.now())
     }
     .boxed()
+}
+
+/// The span of one batch through the action, when its orders' spans are
+/// exported (`Span::none()` otherwise: nothing to link, nothing logged).
+fn batch_span<'a, A>(
+    work: &Work<A>,
+    orders: impl Iterator<Item = &'a Pending> + Clone,
+) -> tracing::Span {
+    let count = orders.clone().count();
+    if !orders.clone().any(Pending::exported) {
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!(
+        target: CONSUMER,
+        "expire",
+        otel.name = "expire orders",
+        otel.kind = tracing::field::Empty,
+        order_expiry.action = work.action_kind,
+        order_expiry.batch_size = count,
+    );
+    spans::batch(&span, orders.filter(|p| p.exported()).map(|p| &p.span));
+    span
 }
 
 /// Each order's verdict; counts and logs what is settled.
@@ -280,6 +338,9 @@ pub(super) fn delivery_span(delivery: &Delivery, order_id: Option<&str>) -> trac
         order_id = tracing::field::Empty,
         outcome = tracing::field::Empty,
         redelivered = delivery.redelivered,
+        // Recorded for export only (`telemetry::spans`).
+        otel.name = tracing::field::Empty,
+        otel.kind = tracing::field::Empty,
     );
     if let Some(order_id) = order_id {
         span.record("order_id", order_id);
@@ -294,6 +355,7 @@ pub(super) fn log_outcome(pending: &Pending, outcome: Outcome, now: DateTime<Utc
     match outcome {
         Outcome::Cancelled => {
             let lateness_ms = lateness_secs(&pending.message, now) * 1e3;
+            spans::float(&pending.span, "order_expiry.lateness_ms", lateness_ms);
             debug!(target: CONSUMER, lateness_ms, "handled");
         }
         Outcome::Unknown => info!(target: CONSUMER, rechecks = pending.message.unknown_rechecks,

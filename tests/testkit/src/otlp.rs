@@ -36,6 +36,8 @@ pub struct ReceivedSpan {
     pub attributes: BTreeMap<String, String>,
     /// The spans it links to.
     pub links: Vec<ReceivedLink>,
+    /// `error: <message>` when the span's status is error.
+    pub error: Option<String>,
     /// `service.name` of the resource it came with.
     pub service_name: Option<String>,
     /// The other attributes of that resource.
@@ -149,9 +151,9 @@ impl Drop for Receiver {
 /// arrival order, each with its attributes and links:
 ///
 /// ```text
-/// trace 4bf92f3577b34da6a3ce929d0e0e4736 (order-expiry)
-/// └─ place order  order.id=o-1
-///    └─ schedule  messaging.system=rabbitmq
+/// trace 4bf92f3577b34da6a3ce929d0e0e4736
+/// └─ place order [order-expiry]  order.id=o-1
+///    └─ schedule [order-expiry]  messaging.system=rabbitmq
 /// ```
 pub fn tree(spans: &[ReceivedSpan]) -> String {
     let mut out = String::new();
@@ -163,8 +165,7 @@ pub fn tree(spans: &[ReceivedSpan]) -> String {
     }
     for trace in traces {
         let of_trace: Vec<&ReceivedSpan> = spans.iter().filter(|s| s.trace_id == trace).collect();
-        let service = of_trace[0].service_name.as_deref().unwrap_or("?");
-        let _ = writeln!(out, "trace {trace} ({service})");
+        let _ = writeln!(out, "trace {trace}");
         // A span whose parent did not arrive is shown as a root.
         let is_root = |s: &ReceivedSpan| {
             s.parent_span_id
@@ -191,11 +192,17 @@ fn branch(
         .iter()
         .map(|(k, v)| format!("  {k}={v}"))
         .collect();
+    let status = span
+        .error
+        .as_ref()
+        .map(|e| format!("  ({e})"))
+        .unwrap_or_default();
     let _ = writeln!(
         out,
-        "{indent}{} {}{attributes}",
+        "{indent}{} {} [{}]{status}{attributes}",
         if last { "└─" } else { "├─" },
-        span.name
+        span.name,
+        span.service_name.as_deref().unwrap_or("?"),
     );
     let inner = format!("{indent}{}", if last { "   " } else { "│  " });
     for link in &span.links {
@@ -258,6 +265,11 @@ fn receive(
                             attributes: attributes(l.attributes),
                         })
                         .collect(),
+                    // Status code 2 is STATUS_CODE_ERROR.
+                    error: span
+                        .status
+                        .filter(|status| status.code == 2)
+                        .map(|status| format!("error: {}", status.message)),
                     service_name: service_name.clone(),
                     resource: resource.clone(),
                     scope: scope.clone(),
