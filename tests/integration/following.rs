@@ -6,7 +6,8 @@
 //! to, the span that created it, with the messaging attributes and the
 //! order's outcome; whether the order was paid, extended, bundled, moved by
 //! `ladder migrate`, or (HTTP action) parked and replayed. The HTTP action
-//! must hand the order service the `process` span's `traceparent`.
+//! and the payment check must hand the order service and the gateway the
+//! `process` span's `traceparent`.
 //!
 //! `docs/src/operating/following-an-order.md` shows the tree this prints.
 
@@ -85,6 +86,11 @@ async fn serve_exporting(
     if let Some(endpoint) = http {
         vars.push(("ORDER_EXPIRY__ACTION__KIND", "http".to_owned()));
         vars.push(("ORDER_EXPIRY__ACTION__HTTP__BASE_URL", endpoint.base_url()));
+        // The payment gateway too, on the same endpoint: unpaid.
+        vars.push(("ORDER_EXPIRY__ACTION__CHECK__ENABLED", "true".to_owned()));
+        vars.push(("ORDER_EXPIRY__ACTION__CHECK__BASE_URL", endpoint.base_url()));
+        // Within the test ladder's reach; never asked again here.
+        vars.push(("ORDER_EXPIRY__ACTION__CHECK__STEPS_MS", "30000".to_owned()));
     }
     let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let kind = if http.is_some() { "http" } else { "sql" };
@@ -328,26 +334,25 @@ async fn the_http_action_passes_each_orders_span_on_parked_and_replayed() {
     eprintln!("{tree}");
     let queue = env.ladder().due_queue();
 
-    // The order service saw, with each request, the traceparent of the
-    // process span that sent it.
+    // The payment gateway and the order service saw, with each request, the
+    // traceparent of the process span that sent it.
     for id in ids {
-        let requests = endpoint.requests_for("expire", id);
         let of_order = processed(&spans, id);
-        assert_eq!(
-            requests.len(),
-            of_order.len(),
-            "{id}: one request per process span\n{tree}"
-        );
-        for (request, span) in requests.iter().zip(&of_order) {
-            joins(span, &created[id], &tree);
-            described(span, &queue, "http", due);
-            let sent = request.headers.get("traceparent").map(String::as_str);
-            let expected = format!("00-{}-{}-01", span.trace_id, span.span_id);
-            assert_eq!(
-                sent,
-                Some(expected.as_str()),
-                "{id}: the traceparent it saw"
-            );
+        for kind in ["payment", "expire"] {
+            let requests = endpoint.requests_for(kind, id);
+            let n = requests.len();
+            assert_eq!(n, of_order.len(), "{id}: {n} {kind} requests\n{tree}");
+            for (request, span) in requests.iter().zip(&of_order) {
+                joins(span, &created[id], &tree);
+                described(span, &queue, "http", due);
+                let sent = request.headers.get("traceparent").map(String::as_str);
+                let expected = format!("00-{}-{}-01", span.trace_id, span.span_id);
+                assert_eq!(
+                    sent,
+                    Some(expected.as_str()),
+                    "{id}: the {kind} traceparent"
+                );
+            }
         }
     }
     let parked = processed(&spans, "f-h-parked");

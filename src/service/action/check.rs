@@ -10,9 +10,8 @@
 
 use serde_json::Value;
 
-use super::BuildError;
-use super::client::{Answer, Client, excerpt, segment};
-use crate::publisher::ExpiryMessage;
+use super::client::{Answer, Client, excerpt, segment, traced};
+use super::{BuildError, Expiring};
 use crate::settings::{CheckSettings, bearer};
 
 /// What the gateway says about an order's payment.
@@ -58,15 +57,20 @@ impl PaymentCheck {
     }
 
     /// Asks about the order of `message`.
-    pub(crate) async fn ask(&self, message: &ExpiryMessage) -> Checked {
+    pub(crate) async fn ask(&self, due: Expiring<'_>) -> Checked {
         let url = format!(
             "{}/orders/{}/payment",
             self.client.base,
-            segment(message.order_id.as_str())
+            segment(due.message.order_id.as_str())
         );
         let answer = self
             .client
-            .send(|http| http.get(url).header("accept", "application/json"))
+            .send(|http| {
+                traced(
+                    http.get(url).header("accept", "application/json"),
+                    due.trace,
+                )
+            })
             .await;
         checked(answer)
     }

@@ -14,6 +14,7 @@ use secrecy::{ExposeSecret, SecretString};
 use tokio::sync::Semaphore;
 
 use super::BuildError;
+use crate::publisher::TraceContext;
 use crate::service::rate::Pace;
 
 /// Everything but RFC 3986's unreserved characters is encoded in a path segment.
@@ -245,6 +246,22 @@ pub(super) fn excerpt(body: &str, max: usize) -> String {
     match line.char_indices().nth(max) {
         Some((cut, _)) => format!("{}…", &line[..cut]),
         None => line.to_owned(),
+    }
+}
+
+/// `request` with the W3C trace headers of `trace`, when there is one: the
+/// order service's and the gateway's spans join the order's trace.
+pub(super) fn traced(
+    request: reqwest::RequestBuilder,
+    trace: Option<&TraceContext>,
+) -> reqwest::RequestBuilder {
+    let Some(trace) = trace else {
+        return request;
+    };
+    let request = request.header(TraceContext::TRACEPARENT, trace.traceparent());
+    match trace.tracestate() {
+        Some(state) => request.header(TraceContext::TRACESTATE, state),
+        None => request,
     }
 }
 

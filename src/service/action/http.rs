@@ -30,10 +30,10 @@ use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
 use futures::future::join_all;
 use serde_json::json;
 
-use super::client::{Answer, Client, Exchange, excerpt, segment};
+use super::client::{Answer, Client, Exchange, excerpt, segment, traced};
 use super::{Action, ActionAnswer, ActionError, BuildError, Expiring};
 use crate::clock::Clock;
-use crate::publisher::{ExpiryMessage, TraceContext};
+use crate::publisher::ExpiryMessage;
 use crate::service::clock::{ClockReport, OffsetEstimate, reading_bounds};
 use crate::settings::{ClockSettings, HttpActionSettings, bearer};
 
@@ -156,17 +156,11 @@ impl HttpAction {
         let (answer, exchange) = self
             .client
             .send_timed(|http| {
-                let mut request = http
+                let request = http
                     .post(url)
                     .header("content-type", "application/json")
                     .header("idempotency-key", key);
-                if let Some(trace) = due.trace {
-                    request = request.header(TraceContext::TRACEPARENT, trace.traceparent());
-                    if let Some(state) = trace.tracestate() {
-                        request = request.header(TraceContext::TRACESTATE, state);
-                    }
-                }
-                request.body(body)
+                traced(request, due.trace).body(body)
             })
             .await;
         if let Some(exchange) = &exchange {

@@ -206,7 +206,7 @@ pub(super) fn expire_work<A: Action>(
     async move {
         let mut next: Vec<Option<Next>> = vec![None; batch.len()];
         if let Some((check, settings)) = &work.check {
-            let answers = join_all(batch.iter().map(|p| check.ask(&p.message))).await;
+            let answers = join_all(batch.iter().map(|p| check.ask(p.expiring()))).await;
             let now = work.clock.now();
             for ((slot, p), answer) in next.iter_mut().zip(&batch).zip(answers) {
                 if let AfterCheck::Then(then) = after_check(answer, &p.message, settings, now) {
