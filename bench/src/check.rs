@@ -2,7 +2,8 @@
 //! settings its goals were stated for ([`Bench::args`]), judged against every
 //! goal in [`goals::GOALS`]: one table, and a non-zero exit when a goal is
 //! missed or a benchmark could not run. `--quick` runs short versions to try
-//! it out; the goals are stated for the full ones.
+//! it out; the goals are stated for the full ones. `--tracing-cost` runs the
+//! tracing-cost comparison alone ([`crate::tracing_cost`]).
 
 use std::path::PathBuf;
 
@@ -13,15 +14,21 @@ use order_expiry::Settings;
 use serde_json::json;
 
 use crate::goals::{self, Bench, Measurement};
-use crate::{Judged, cancel, flash, lateness, outbox, throughput};
+use crate::{Judged, cancel, flash, lateness, outbox, throughput, tracing_cost};
 
 /// Arguments of `check`.
 #[derive(Debug, Clone, Args)]
 pub struct CheckArgs {
-    /// Short runs (about 4 minutes in all) to try the check out; the goals
-    /// are stated for the full settings (about 30 minutes).
+    /// Short runs (about 10 minutes in all, 6 of them the tracing cost) to
+    /// try the check out; the goals are stated for the full settings (about
+    /// an hour, 30 minutes of it the tracing cost).
     #[arg(long)]
     pub quick: bool,
+    /// Only the tracing-cost comparison: the flash sale and the steady stream,
+    /// 5 runs each with span export off and on, interleaved (about 30
+    /// minutes; with --quick about 6).
+    #[arg(long)]
+    pub tracing_cost: bool,
     /// Also write the verdicts as JSON.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -33,7 +40,12 @@ pub async fn run(settings: &Settings, args: &CheckArgs) -> anyhow::Result<()> {
     let started = Utc::now();
     let mut verdicts = Vec::new();
     let mut errors = Vec::new();
-    for bench in Bench::ALL {
+    let benches: &[Bench] = if args.tracing_cost {
+        &[Bench::TracingCost]
+    } else {
+        &Bench::ALL
+    };
+    for &bench in benches {
         let cli = bench.args(args.quick);
         eprintln!("check: {bench} {cli}");
         let measured = match measure(settings, bench, cli).await {
@@ -64,7 +76,7 @@ pub async fn run(settings: &Settings, args: &CheckArgs) -> anyhow::Result<()> {
             "started": started.to_rfc3339(),
             "broker": settings.amqp.display_url(),
             "quick": args.quick,
-            "runs": Bench::ALL.map(|b| json!({"bench": b, "args": b.args(args.quick)})),
+            "runs": benches.iter().map(|b| json!({"bench": b, "args": b.args(args.quick)})).collect::<Vec<_>>(),
             "verdicts": verdicts,
             "errors": errors,
             "met": goals::all_met(&verdicts),
@@ -88,6 +100,7 @@ async fn measure(settings: &Settings, bench: Bench, cli: &str) -> anyhow::Result
         Bench::Outbox => shown(outbox::measure(settings, &parse(cli)?).await?),
         Bench::Flash => shown(flash::measure(settings, &parse(cli)?).await?),
         Bench::Cancel => shown(cancel::measure(settings, &parse(cli)?).await?),
+        Bench::TracingCost => shown(tracing_cost::measure(settings, &parse(cli)?).await?),
     })
 }
 
@@ -158,6 +171,32 @@ mod tests {
         let c: cancel::CancelArgs = parse(Bench::Cancel.args(false)).unwrap();
         assert_eq!(c.batch_sizes, [1, 10, 30, 100, 300, 1000]);
         assert_eq!((c.repetitions, c.concurrency, c.alter), (7, 1, None));
+
+        // The tracing cost: the flash sale and the steady stream above, the
+        // library path alone, without the naive design.
+        let cost: tracing_cost::TracingCostArgs = parse(Bench::TracingCost.args(false)).unwrap();
+        assert_eq!(
+            (cost.runs, cost.quick, cost.path),
+            (5, false, SalePath::Library)
+        );
+        let sale = cost.flash().unwrap();
+        assert_eq!(
+            (sale.orders, sale.within, sale.window),
+            (fl.orders, fl.within, fl.window)
+        );
+        assert_eq!((sale.bundles, sale.sweeper), (Bundles::On, Switch::On));
+        assert_eq!(sale.paths, [SalePath::Library]);
+        let stream = cost.steady().unwrap();
+        assert_eq!(
+            (stream.rate, stream.duration),
+            (steady.rate, steady.duration)
+        );
+        assert_eq!(
+            (stream.min_delay, stream.max_delay),
+            (steady.min_delay, steady.max_delay)
+        );
+        assert_eq!((stream.pay_share, stream.burst), (steady.pay_share, 0));
+        assert!(stream.no_naive);
     }
 
     #[test]
@@ -174,6 +213,15 @@ mod tests {
         assert!(f.orders < 200_000 && f.bundles == Bundles::On);
         let c: cancel::CancelArgs = parse(Bench::Cancel.args(true)).unwrap();
         assert!(c.orders < 20_000 && c.repetitions < 7);
+        let cost: tracing_cost::TracingCostArgs = parse(Bench::TracingCost.args(true)).unwrap();
+        assert!(cost.quick && cost.runs == 5);
+        assert_eq!(cost.flash().unwrap().orders, f.orders);
+        assert_eq!(cost.steady().unwrap().duration, l.duration);
+        let cli: tracing_cost::TracingCostArgs = parse("--path cli").unwrap();
+        assert!(
+            cli.flash().is_err(),
+            "the cli path cannot carry a context per order"
+        );
         assert!(parse::<outbox::OutboxArgs>("--no-such-flag").is_err());
     }
 }

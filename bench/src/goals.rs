@@ -28,17 +28,22 @@ pub enum Bench {
     Flash,
     /// `cancel`: `database.cancel_sql` against the bare UPDATE.
     Cancel,
+    /// `tracing-cost`: the flash sale and the steady stream with span export
+    /// off and on, interleaved.
+    #[serde(rename = "tracing-cost")]
+    TracingCost,
 }
 
 impl Bench {
     /// Every benchmark, in the order `check` runs them.
-    pub const ALL: [Bench; 6] = [
+    pub const ALL: [Bench; 7] = [
         Self::Lateness,
         Self::Burst,
         Self::Throughput,
         Self::Outbox,
         Self::Flash,
         Self::Cancel,
+        Self::TracingCost,
     ];
 
     /// The subcommand's arguments the goals were stated for (`quick`: short
@@ -79,6 +84,12 @@ impl Bench {
             // 7 repetitions).
             (Self::Cancel, false) => "",
             (Self::Cancel, true) => "--orders 2000 --statements 50 --repetitions 3",
+            // docs/src/results/check.md, "What tracing costs": 5 runs each way of the flash
+            // sale above (library path) and of the steady stream above (without the naive
+            // design), each at the arguments above; `--quick` takes their quick ones.
+            // A line a run on stderr: twenty runs take a while.
+            (Self::TracingCost, false) => "",
+            (Self::TracingCost, true) => "--quick",
         }
     }
 }
@@ -92,6 +103,7 @@ impl fmt::Display for Bench {
             Self::Outbox => "outbox",
             Self::Flash => "flash",
             Self::Cancel => "cancel",
+            Self::TracingCost => "tracing cost",
         })
     }
 }
@@ -204,6 +216,14 @@ const STATED: &[(Bench, &[&str], &[Stated])] = &[
         ("cancel_sql / bare UPDATE, 100 per statement", Limit::AtMost(1.25), ""),
         ("cancel_sql / bare UPDATE, 300 per statement", Limit::AtMost(1.25), ""),
         ("cancel_sql / bare UPDATE, 1000 per statement", Limit::AtMost(1.25), ""),
+    ]),
+    // Issue 38, "Cost" (docs/src/results/check.md, "What tracing costs"): every order traced
+    // and serve exporting every span (sampling 100 %) costs the flash sale at most 3 % of its
+    // orders cancelled per second and each stream at most 1 ms of p99 lateness, medians of 5
+    // runs each way, interleaved.
+    (Bench::TracingCost, &["flash sale"], &[("cancels/s, on / off", Limit::AtLeast(0.97), "")]),
+    (Bench::TracingCost, &["flash sale", "steady stream"], &[
+        ("p99 lateness, on - off", Limit::AtMost(1.0), "ms"),
     ]),
 ];
 
@@ -435,6 +455,15 @@ mod tests {
             assert_eq!(limit(bench, measure), Some(stated), "{bench}: {measure}");
         }
         assert_eq!(limit(Bench::Outbox, "flash sale: p99 lateness"), None);
+        let cost = |m: &str| limit(Bench::TracingCost, m);
+        assert_eq!(
+            cost("flash sale: cancels/s, on / off"),
+            Some(Limit::AtLeast(0.97))
+        );
+        for stream in ["flash sale", "steady stream"] {
+            let p99 = cost(&format!("{stream}: p99 lateness, on - off"));
+            assert_eq!(p99, Some(Limit::AtMost(1.0)), "{stream}");
+        }
         for path in ["library", "cli", "outbox"] {
             let flash = |m: &str| limit(Bench::Flash, &format!("{path}: {m}")).unwrap();
             assert_eq!(flash("p99 lateness"), Limit::AtMost(100.0));

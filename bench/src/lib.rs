@@ -13,6 +13,9 @@
 //!   cancelled, broker messages and CPU per order, serve's peak RSS.
 //! - [`cancel`]: what PostgreSQL charges per cancelled order at each batch
 //!   size, the next ceiling once the ladder carries bundles.
+//! - [`tracing_cost`]: what span export costs: the flash sale and the steady
+//!   stream with tracing off and on, interleaved, medians compared, spans
+//!   counted by a sink in this process.
 //! - [`soak`]: an hour of orders under random faults on the local three-node
 //!   cluster (seeded), every order accounted for by a checker, with a report
 //!   and a plot.
@@ -40,6 +43,7 @@ mod markdown;
 pub mod outbox;
 pub mod soak;
 pub mod throughput;
+pub mod tracing_cost;
 
 use anyhow::Context;
 use order_expiry_testkit::{World, WorldBuilder};

@@ -1,4 +1,4 @@
-//! `order-expiry-bench lateness|throughput|outbox|flash|cancel|check|soak`: the benchmarks, with the
+//! `order-expiry-bench lateness|throughput|outbox|flash|cancel|tracing-cost|check|soak`: the benchmarks, with the
 //! settings of `order-expiry` (built-in defaults, `--config FILE`,
 //! `ORDER_EXPIRY__…` variables; `ORDER_EXPIRY__AMQP__URL` picks the broker).
 //!
@@ -16,7 +16,9 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use order_expiry::{Settings, settings::LogFormat};
-use order_expiry_bench::{GoalsMissed, cancel, check, flash, lateness, outbox, soak, throughput};
+use order_expiry_bench::{
+    GoalsMissed, cancel, check, flash, lateness, outbox, soak, throughput, tracing_cost,
+};
 
 /// Benchmarks of order-expiry against the local broker and database (not tests).
 #[derive(Debug, Parser)]
@@ -48,6 +50,10 @@ enum Command {
     /// What PostgreSQL charges per cancelled order, by batch size: the
     /// ceiling past the ladder.
     Cancel(cancel::CancelArgs),
+    /// What span export costs: the flash sale and the steady stream with
+    /// tracing off and on, interleaved, medians compared (what `check
+    /// --tracing-cost` runs).
+    TracingCost(tracing_cost::TracingCostArgs),
     /// Every benchmark against its goals, at the settings they were stated for.
     Check(check::CheckArgs),
     /// Orders under random faults on the local three-node cluster, every
@@ -78,6 +84,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Outbox(args) => outbox::run(&settings, &args).await,
         Command::Flash(args) => flash::run(&settings, &args).await,
         Command::Cancel(args) => cancel::run(&settings, &args).await,
+        Command::TracingCost(args) => tracing_cost::run(&settings, &args).await,
         Command::Check(args) => check::run(&settings, &args).await,
         Command::Soak(args) => soak::run(&settings, &args).await,
     }

@@ -5,8 +5,9 @@
 //!
 //! Each run has a world of its own (prefix `bench-flash-<id>`, its own schema)
 //! and its own `order-expiry serve` child (the built-in defaults, the world's
-//! names, `--sweeper`), and takes one of three ways onto the ladder
-//! (`--path`):
+//! names, `--sweeper`, span export off unless the tracing-cost comparison
+//! turns it on: [`measure_traced`]), and takes one of three ways onto the
+//! ladder (`--path`):
 //!
 //! - `library`: the orders are inserted first (unpaid, `pay_deadline` =
 //!   `due_at`), then each order is scheduled by a `Scheduler::schedule` call
@@ -49,6 +50,7 @@ use secrecy::SecretString;
 use serde::Serialize;
 
 use crate::Judged;
+use crate::tracing_cost::Tracing;
 
 pub use self::report::{Report, Row};
 
@@ -191,6 +193,17 @@ pub async fn run(settings: &Settings, args: &FlashArgs) -> anyhow::Result<()> {
 /// Runs the sale once per path and bundles setting, each in a world of its
 /// own based on `settings`, and reads the figures back.
 pub async fn measure(settings: &Settings, args: &FlashArgs) -> anyhow::Result<Report> {
+    measure_traced(settings, args, &Tracing::Off).await
+}
+
+/// [`measure`] with serve's span export and the orders' contexts as
+/// `tracing` says (the tracing-cost comparison; the cli path cannot be
+/// traced per order and fails with tracing on).
+pub async fn measure_traced(
+    settings: &Settings,
+    args: &FlashArgs,
+    tracing: &Tracing,
+) -> anyhow::Result<Report> {
     let mut settings = settings.clone();
     if let Some(url) = &args.amqp_url {
         settings.amqp.url = SecretString::from(url.clone());
@@ -206,7 +219,7 @@ pub async fn measure(settings: &Settings, args: &FlashArgs) -> anyhow::Result<Re
                 eprintln!("flash: {label}: {} orders", args.orders);
             }
             let run = async |world: &World| {
-                run::run_once(world, args, *path, *bundled, &binary, &broker).await
+                run::run_once(world, args, *path, *bundled, &binary, &broker, tracing).await
             };
             let row = crate::world(&settings, "bench-flash").run(run).await;
             let row = row.with_context(|| label.clone())?;

@@ -1,6 +1,9 @@
 //! The three ways a sale's orders reach the ladder, and the orders table
 //! around them: inserting the orders first, waiting until every one is
-//! settled.
+//! settled. With tracing on, the library and outbox paths give each order a
+//! sampled trace context of its own; the CLI's NDJSON lines have no field for
+//! one (`order-expiry schedule --stdin` takes the current span's context for
+//! every line), so that path cannot be traced per order.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -9,7 +12,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use chrono::SecondsFormat;
-use order_expiry::{Scheduler, Settings};
+use order_expiry::publisher::ExpiryMessage;
+use order_expiry::{OrderId, Scheduler, Settings};
 use order_expiry_testkit::{World, connect_database, settings_env};
 use secrecy::ExposeSecret;
 use tokio::io::{AsyncWriteExt, BufWriter};
@@ -17,6 +21,7 @@ use tokio::time::Instant;
 
 use super::NO_BUNDLES_ENV;
 use super::plan::Plan;
+use crate::tracing_cost::Tracing;
 
 /// Orders (and outbox rows) per transaction on the outbox path.
 const OUTBOX_TX: usize = 2_000;
@@ -24,13 +29,16 @@ const OUTBOX_TX: usize = 2_000;
 /// The library path: one `Scheduler` for every call. With `callers` 0, each
 /// order is scheduled by a task of its own started at its creation time (an
 /// order service's request handlers); otherwise `callers` tasks each schedule
-/// their share one call at a time, none before its creation time. Seconds
-/// from the first call to the last confirm.
+/// their share one call at a time, none before its creation time. Each call
+/// is `Scheduler::schedule_message` with the order's context when `tracing`
+/// is on (none when off: then it is `Scheduler::schedule`). Seconds from the
+/// first call to the last confirm.
 pub(super) async fn library(
     settings: &Settings,
     plan: &Plan,
     bundled: bool,
     callers: usize,
+    tracing: &Tracing,
 ) -> anyhow::Result<f64> {
     let mut settings = settings.clone();
     if !bundled {
@@ -40,9 +48,11 @@ pub(super) async fn library(
     scheduler.connect().await?;
     let start = Instant::now();
     let mut calls = tokio::task::JoinSet::new();
-    let schedule = |scheduler: Arc<Scheduler>, plan: Plan, i: usize| async move {
+    let schedule = |scheduler: Arc<Scheduler>, plan: Plan, i: usize, tracing: Tracing| async move {
+        let message = ExpiryMessage::new(OrderId::new(Plan::id(i))?, plan.due_at(i))
+            .with_trace(tracing.order_context()?);
         scheduler
-            .schedule(Plan::id(i), plan.due_at(i))
+            .schedule_message(message)
             .await
             .map(drop)
             .with_context(|| format!("scheduling {}", Plan::id(i)))
@@ -50,15 +60,15 @@ pub(super) async fn library(
     if callers == 0 {
         for i in 0..plan.orders {
             tokio::time::sleep_until(plan.created(i)).await;
-            calls.spawn(schedule(Arc::clone(&scheduler), *plan, i));
+            calls.spawn(schedule(Arc::clone(&scheduler), *plan, i, tracing.clone()));
         }
     } else {
         for caller in 0..callers {
-            let (scheduler, plan) = (Arc::clone(&scheduler), *plan);
+            let (scheduler, plan, tracing) = (Arc::clone(&scheduler), *plan, tracing.clone());
             calls.spawn(async move {
                 for i in (caller..plan.orders).step_by(callers) {
                     tokio::time::sleep_until(plan.created(i)).await;
-                    schedule(Arc::clone(&scheduler), plan, i).await?;
+                    schedule(Arc::clone(&scheduler), plan, i, tracing.clone()).await?;
                 }
                 anyhow::Ok(())
             });
@@ -127,13 +137,15 @@ pub(super) async fn cli(
 
 /// The outbox path: one connection commits each `OUTBOX_TX` orders and their
 /// outbox rows in one transaction as soon as the last of them is created;
-/// serve's relay publishes them. Seconds from the first commit's start until
-/// the table is empty again (every row confirmed), at most `limit` after the
-/// last commit.
+/// serve's relay publishes them. Each row's `traceparent` is the order's
+/// context when `tracing` is on, NULL when off. Seconds from the first
+/// commit's start until the table is empty again (every row confirmed), at
+/// most `limit` after the last commit.
 pub(super) async fn outbox(
     settings: &Settings,
     plan: &Plan,
     limit: Duration,
+    tracing: &Tracing,
 ) -> anyhow::Result<f64> {
     let url = settings.database.url.expose_secret();
     let mut db = connect_database(url)
@@ -143,7 +155,10 @@ pub(super) async fn outbox(
         .prepare("INSERT INTO orders (id, pay_deadline) SELECT * FROM unnest($1::text[], $2::timestamptz[])")
         .await?;
     let rows = db
-        .prepare("INSERT INTO order_expiry_outbox (order_id, due_at) SELECT * FROM unnest($1::text[], $2::timestamptz[])")
+        .prepare(
+            "INSERT INTO order_expiry_outbox (order_id, due_at, traceparent) \
+             SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[])",
+        )
         .await?;
     let start = Instant::now();
     for first in (0..plan.orders).step_by(OUTBOX_TX) {
@@ -151,9 +166,12 @@ pub(super) async fn outbox(
         tokio::time::sleep_until(plan.created(last)).await;
         let ids: Vec<String> = (first..=last).map(Plan::id).collect();
         let due: Vec<_> = (first..=last).map(|i| plan.due_at(i)).collect();
+        let traces = (first..=last)
+            .map(|_| Ok(tracing.order_context()?.map(|t| t.traceparent().to_owned())))
+            .collect::<anyhow::Result<Vec<Option<String>>>>()?;
         let tx = db.transaction().await?;
         tx.execute(&orders, &[&ids, &due]).await?;
-        tx.execute(&rows, &[&ids, &due]).await?;
+        tx.execute(&rows, &[&ids, &due, &traces]).await?;
         tx.commit().await?;
     }
     let deadline = Instant::now() + limit;

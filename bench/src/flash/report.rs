@@ -1,7 +1,7 @@
 //! The flash sale's figures: one row per run (path, bundles), read from the
 //! database and serve's metrics, as a text table, JSON and goal measurements.
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use order_expiry::Settings;
 use order_expiry_testkit::World;
 use serde::Serialize;
@@ -35,6 +35,11 @@ pub struct Row {
     /// The lateness of the orders cancelled, by anyone.
     #[serde(flatten)]
     pub lateness: Distribution,
+    /// Orders cancelled per second over the sale: the cancelled orders over
+    /// the time from the first one's due time to the last cancel. The due
+    /// times pace it (at most `orders / within`); it drops when the cancels
+    /// fall behind them.
+    pub cancel_rate: f64,
     /// Due messages per order (1 when serve has no `orders_per_message`).
     pub messages_per_order: f64,
     /// Whether serve had the `order_expiry_orders_per_message` histogram.
@@ -44,6 +49,9 @@ pub struct Row {
     pub broker_cpu_per_1000_s: Option<f64>,
     /// serve's peak RSS, MB.
     pub serve_peak_rss_mb: f64,
+    /// serve's CPU seconds per 1,000 orders, from its start to the end of the
+    /// run.
+    pub serve_cpu_per_1000_s: Option<f64>,
     /// Orders that reached serve after their due time (the ladder's share of
     /// the lateness; the rest is serve's and the database's).
     pub arrived_late: f64,
@@ -86,6 +94,7 @@ impl Row {
         orders: usize,
     ) -> anyhow::Result<Self> {
         let cancelled = crate::cdf::cancelled(world, "%").await?;
+        let cancel_rate = cancel_rate(&cancelled);
         let lateness = cancelled.into_iter().map(|(ms, _)| ms).collect();
         let lost = world.count_orders("unpaid").await?;
         let client = world.store.client().await?;
@@ -107,6 +116,7 @@ impl Row {
         );
         row.by_ladder = by_ladder as f64;
         row.swept = swept as f64;
+        row.cancel_rate = cancel_rate;
         Ok(row)
     }
 
@@ -119,6 +129,22 @@ impl Row {
     pub(crate) fn curve(&self) -> Curve<'_> {
         let swept = format!("swept {:.0}, ", self.swept);
         self.lateness.curve(&self.label(), &swept)
+    }
+}
+
+/// Orders cancelled per second, from the first due time to the last cancel,
+/// of `(lateness ms, due_at)` of every cancelled order; 0 for none.
+fn cancel_rate(cancelled: &[(f64, DateTime<Utc>)]) -> f64 {
+    let first_due = cancelled.iter().map(|(_, due)| *due).min();
+    let last_cancel = cancelled
+        .iter()
+        .map(|(ms, due)| due.timestamp_millis() as f64 + ms)
+        .max_by(f64::total_cmp);
+    match (first_due, last_cancel) {
+        (Some(first), Some(last)) if last > first.timestamp_millis() as f64 => {
+            cancelled.len() as f64 * 1000.0 / (last - first.timestamp_millis() as f64)
+        }
+        _ => 0.0,
     }
 }
 
@@ -219,6 +245,29 @@ mod tests {
             rows,
             ..Report::default()
         }
+    }
+
+    #[test]
+    fn the_cancel_rate_runs_from_the_first_due_time_to_the_last_cancel() {
+        let at = |ms: i64| DateTime::from_timestamp_millis(1_000_000 + ms).unwrap();
+        // Four orders due over 3 s, the last cancelled 1 s late: 4 in 4 s.
+        let cancelled = [
+            (5.0, at(0)),
+            (2.0, at(1_000)),
+            (0.0, at(2_000)),
+            (1_000.0, at(3_000)),
+        ];
+        assert_eq!(cancel_rate(&cancelled), 1.0);
+        // On time: 4 in 3.005 s.
+        let on_time = [
+            (5.0, at(0)),
+            (2.0, at(1_000)),
+            (0.0, at(2_000)),
+            (5.0, at(3_000)),
+        ];
+        assert!((cancel_rate(&on_time) - 4.0 / 3.005).abs() < 1e-9);
+        assert_eq!(cancel_rate(&[]), 0.0);
+        assert_eq!(cancel_rate(&[(-1.0, at(0))]), 0.0, "no time elapsed");
     }
 
     #[test]

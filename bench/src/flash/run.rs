@@ -11,6 +11,7 @@ use super::broker::Broker;
 use super::plan::Plan;
 use super::report::Row;
 use super::{FlashArgs, SalePath, paths, serve};
+use crate::tracing_cost::Tracing;
 
 /// The default cancel and sweep statements, each marking the rows it
 /// cancels in a `cancelled_by` column of the bench's own table: the ladder's
@@ -36,7 +37,8 @@ async fn mark_who_cancels(world: &World, settings: &mut Settings) -> anyhow::Res
     Ok(())
 }
 
-/// One run in `world`: its serve, its path, its figures.
+/// One run in `world`: its serve, its path, its figures; traced as
+/// `tracing` says.
 pub(super) async fn run_once(
     world: &World,
     args: &FlashArgs,
@@ -44,10 +46,16 @@ pub(super) async fn run_once(
     bundled: bool,
     binary: &Path,
     broker: &Broker,
+    tracing: &Tracing,
 ) -> anyhow::Result<Row> {
+    anyhow::ensure!(
+        !(tracing.is_on() && path == SalePath::Cli),
+        "the cli path cannot carry a trace context per order: its NDJSON lines have no \
+         traceparent field (use the library or outbox path)"
+    );
     let mut settings = world.settings.clone();
     mark_who_cancels(world, &mut settings).await?;
-    let served = serve::Serve::start(binary, &settings, bundled).await?;
+    let served = serve::Serve::start(binary, &settings, bundled, tracing).await?;
     let plan = Plan::new(args.orders, args.within, args.window)?;
     let say = |what: String| {
         if !args.quiet {
@@ -65,9 +73,9 @@ pub(super) async fn run_once(
     }
     let broker_before = broker.cpu_seconds();
     let scheduled = match path {
-        SalePath::Library => paths::library(&settings, &plan, bundled, args.callers).await,
+        SalePath::Library => paths::library(&settings, &plan, bundled, args.callers, tracing).await,
         SalePath::Cli => paths::cli(binary, &settings, &plan, bundled).await,
-        SalePath::Outbox => paths::outbox(&settings, &plan, args.settle).await,
+        SalePath::Outbox => paths::outbox(&settings, &plan, args.settle, tracing).await,
     };
     let scheduled = match scheduled {
         Ok(secs) => secs,
@@ -87,6 +95,7 @@ pub(super) async fn run_once(
     let broker_cpu = broker.cpu_seconds().zip(broker_before).map(|(a, b)| a - b);
     let metrics = served.metrics().await;
     let peak_rss = served.peak_rss();
+    let serve_cpu = served.cpu_seconds();
     served.stop().await?;
     say(format!(
         "settled; {unpaid} unpaid, {undelivered} messages still in the ladder"
@@ -107,6 +116,7 @@ pub(super) async fn run_once(
     row.bundle_metric = metrics.bundle_metric();
     row.broker_cpu_per_1000_s = broker_cpu.map(|s| s * 1000.0 / plan.orders.max(1) as f64);
     row.serve_peak_rss_mb = peak_rss as f64 / 1e6;
+    row.serve_cpu_per_1000_s = serve_cpu.map(|s| s * 1000.0 / plan.orders.max(1) as f64);
     row.arrived_late = metrics.arrived_late;
     row.arrived_over_100ms = metrics.arrived_over_100ms;
     if metrics.batches > 0.0 && metrics.batched_orders > 0.0 {

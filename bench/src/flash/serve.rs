@@ -1,6 +1,8 @@
-//! `order-expiry serve` for one run: started with the world's settings and
-//! the run's bundles setting, watched for its peak RSS, read through its
-//! `/metrics`, stopped with SIGTERM.
+//! `order-expiry serve` for one run: started with the world's settings, the
+//! run's bundles setting and its span export (on or off), watched for its peak
+//! RSS, read through its `/metrics` and `/proc`, stopped with SIGTERM. The
+//! flash sale's consumer, and the steady stream's in the tracing-cost
+//! comparison.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,6 +15,7 @@ use order_expiry_testkit::{Served, metric_value, procfs};
 use tokio_util::sync::CancellationToken;
 
 use super::NO_BUNDLES_ENV;
+use crate::tracing_cost::Tracing;
 
 /// The `order-expiry` binary: `given`, else `$ORDER_EXPIRY_BIN`, else next to
 /// this executable or one directory up (a test binary lives in `deps/`).
@@ -38,7 +41,7 @@ pub(crate) fn binary(given: Option<&Path>) -> anyhow::Result<PathBuf> {
 
 /// A running serve; killed when dropped.
 #[derive(Debug)]
-pub(super) struct Serve {
+pub(crate) struct Serve {
     served: Served,
     peak_rss: Arc<AtomicU64>,
     watching: CancellationToken,
@@ -111,18 +114,21 @@ impl Metrics {
 
 impl Serve {
     /// Starts `binary serve` with `settings`, bundles off unless `bundled`,
-    /// and waits until `/readyz` says 200.
-    pub(super) async fn start(
+    /// span export as `tracing` says, and waits until `/readyz` says 200.
+    pub(crate) async fn start(
         binary: &Path,
         settings: &Settings,
         bundled: bool,
+        tracing: &Tracing,
     ) -> anyhow::Result<Self> {
-        let log = crate::temp_log("flash-serve");
+        let log = crate::temp_log("serve");
         // The production default: spans and logs as in a deployment.
         let mut env = vec![("ORDER_EXPIRY__LOG__FILTER", "info")];
         if !bundled {
             env.push(NO_BUNDLES_ENV);
         }
+        let export = tracing.serve_env();
+        env.extend(export.iter().map(|(key, value)| (*key, value.as_str())));
         let served = Served::start(binary, settings, &env, log).await;
         served.wait_ready(Duration::from_secs(30)).await;
         let peak_rss = Arc::new(AtomicU64::new(0));
@@ -151,14 +157,20 @@ impl Serve {
         }
     }
 
+    /// Its user + system CPU seconds so far.
+    pub(crate) fn cpu_seconds(&self) -> Option<f64> {
+        procfs::cpu_seconds(&self.served.pid().to_string(), false)
+    }
+
     /// Its peak RSS so far, bytes (`VmHWM`, or the largest `VmRSS` seen).
     pub(super) fn peak_rss(&self) -> u64 {
         let now = procfs::memory(&self.served.pid().to_string()).map_or(0, |m| m.peak.max(m.rss));
         self.peak_rss.fetch_max(now, Ordering::Relaxed).max(now)
     }
 
-    /// SIGTERM, and a clean exit within 30 s.
-    pub(super) async fn stop(mut self) -> anyhow::Result<()> {
+    /// SIGTERM, and a clean exit within 30 s (with export on, serve sends
+    /// its last spans before it exits).
+    pub(crate) async fn stop(mut self) -> anyhow::Result<()> {
         self.watching.cancel();
         self.served.signal("-TERM");
         match self.served.wait_exit(Duration::from_secs(30)).await {

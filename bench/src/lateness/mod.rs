@@ -15,12 +15,16 @@
 //! The run is judged by the goals of [`crate::goals::Bench::Lateness`] (or `Burst`
 //! with a sale): never early, none missed, and the lateness bounds; it exits
 //! non-zero when one is missed.
+//!
+//! The consumer runs in this process. The tracing-cost comparison
+//! ([`measure_with`], [`Canceller::Serve`]) runs `order-expiry serve` instead,
+//! as deployed, because span export is set up once per process.
 
 mod naive;
 mod report;
 mod stalls;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,8 +35,9 @@ use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
 use lapin::Channel;
 use lapin::options::ConfirmSelectOptions;
+use order_expiry::publisher::ExpiryMessage;
 use order_expiry::{
-    Scheduler, Settings, service::Consumer, service::PgOrderStore, service::Readiness,
+    OrderId, Scheduler, Settings, service::Consumer, service::PgOrderStore, service::Readiness,
 };
 use order_expiry_testkit::World;
 use rand::Rng;
@@ -41,6 +46,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::time::DelayQueue;
 
 use crate::Judged;
+use crate::flash::serve::Serve;
+use crate::tracing_cost::Tracing;
 
 pub use self::report::{LATE_MS, LateOrder, Report, Row};
 pub use self::stalls::{Stall, Stalls};
@@ -89,6 +96,24 @@ pub struct LatenessArgs {
     pub burst_max_delay: Duration,
 }
 
+/// Who cancels the ladder's orders.
+#[derive(Debug, Clone)]
+pub enum Canceller {
+    /// A `Consumer` in this process (`lateness`), without span export.
+    InProcess,
+    /// An `order-expiry serve` child (the `binary`), its sweeper off so that
+    /// the ladder alone cancels, its span export as `tracing` says; each
+    /// order is scheduled by a `schedule_message` call of its own, with its
+    /// own context when tracing is on (`schedule_many` gives every order of
+    /// a call the same one). The tracing-cost comparison.
+    Serve {
+        /// The `order-expiry` binary.
+        binary: PathBuf,
+        /// Export on or off, and the orders' contexts.
+        tracing: Tracing,
+    },
+}
+
 /// Where orders go to be paid after a while ([`pay_orders`]).
 type Payments = UnboundedSender<(Duration, String)>;
 
@@ -119,10 +144,27 @@ pub async fn run(settings: &Settings, args: &LatenessArgs) -> anyhow::Result<()>
 /// Runs the orders through both designs, in a world of their own based on
 /// `settings` (prefix `bench-lat-<id>`), and reads the lateness back.
 pub async fn measure(settings: &Settings, args: &LatenessArgs) -> anyhow::Result<Report> {
+    measure_with(settings, args, &Canceller::InProcess).await
+}
+
+/// [`measure`], the ladder's orders cancelled by `canceller`. A flash sale
+/// (`--burst`) is scheduled through `schedule_many`, so it cannot be traced
+/// per order: [`Canceller::Serve`] takes the steady stream alone.
+pub async fn measure_with(
+    settings: &Settings,
+    args: &LatenessArgs,
+    canceller: &Canceller,
+) -> anyhow::Result<Report> {
+    if let Canceller::Serve { .. } = canceller {
+        anyhow::ensure!(
+            args.burst == 0,
+            "the steady stream alone is measured with serve as its consumer (no --burst)"
+        );
+    }
     crate::world(settings, "bench-lat")
         .run(async |world| {
             let naive = (!args.no_naive).then(|| naive::settings(&world.settings));
-            let result = measure_in(world, naive.as_ref(), args).await;
+            let result = measure_in(world, naive.as_ref(), args, canceller).await;
             if let Some(naive) = &naive {
                 naive::remove(&world.channel().await, naive).await;
             }
@@ -135,14 +177,23 @@ async fn measure_in(
     world: &World,
     naive: Option<&Settings>,
     args: &LatenessArgs,
+    canceller: &Canceller,
 ) -> anyhow::Result<Report> {
     let count = (f64::from(args.rate) * args.duration.as_secs_f64()).round() as usize;
     if let Some(naive) = naive {
         naive::declare(&world.channel().await, naive).await?;
     }
+    let (served, per_order) = match canceller {
+        Canceller::InProcess => (None, None),
+        Canceller::Serve { binary, tracing } => (
+            Some(start_serve(world, binary, tracing).await?),
+            Some(tracing),
+        ),
+    };
     let stop = CancellationToken::new();
     let mut consumers = Vec::new();
-    for s in std::iter::once(&world.settings).chain(naive) {
+    let ladder = served.is_none().then_some(&world.settings);
+    for s in ladder.into_iter().chain(naive) {
         let consumer = Consumer::new(s, Arc::clone(&world.store), Arc::new(Readiness::default()))?;
         consumers.push(tokio::spawn(consumer.run(stop.clone())));
     }
@@ -157,9 +208,13 @@ async fn measure_in(
     let scheduler = Arc::new(Scheduler::from_settings(&world.settings)?);
     scheduler.connect().await?;
     let steady_plan = plan(count, args.min_delay, args.max_delay, args.pay_share);
+    let publisher = Publisher {
+        scheduler: &scheduler,
+        per_order,
+    };
     let steady = schedule_all(
         world,
-        &scheduler,
+        publisher,
         naive,
         &steady_plan,
         args.rate,
@@ -188,6 +243,10 @@ async fn measure_in(
     for c in consumers {
         let _ = c.await;
     }
+    let serve_cpu = served.as_ref().and_then(Serve::cpu_seconds);
+    if let Some(served) = served {
+        served.stop().await?;
+    }
     payer.abort();
     let stalls = watch.finish().await;
     scheduled?;
@@ -212,7 +271,51 @@ async fn measure_in(
         burst_min_delay_s: args.burst_min_delay.as_secs_f64(),
         burst_max_delay_s: args.burst_max_delay.as_secs_f64(),
         max_in_flight: world.settings.publisher.max_in_flight,
+        serve_cpu_per_1000_s: serve_cpu.map(|s| s * 1000.0 / count.max(1) as f64),
     })
+}
+
+/// `order-expiry serve` for the world's ladder, its sweeper off: the ladder
+/// alone cancels, as the in-process consumer does.
+async fn start_serve(world: &World, binary: &Path, tracing: &Tracing) -> anyhow::Result<Serve> {
+    let mut settings = world.settings.clone();
+    settings.sweeper.enabled = false;
+    Serve::start(binary, &settings, true, tracing).await
+}
+
+/// How the run schedules its ladder orders: `schedule_many` (the benchmark
+/// alone), or with `per_order`, one `schedule_message` call per order, each
+/// with its own context when tracing is on.
+#[derive(Clone, Copy)]
+struct Publisher<'a> {
+    scheduler: &'a Scheduler,
+    per_order: Option<&'a Tracing>,
+}
+
+impl Publisher<'_> {
+    /// Schedules `orders`, all confirmed or the first error.
+    async fn schedule(&self, orders: Vec<(String, DateTime<Utc>)>) -> anyhow::Result<()> {
+        let results = match self.per_order {
+            None => self.scheduler.schedule_many(orders).await,
+            Some(tracing) => {
+                let messages = orders
+                    .into_iter()
+                    .map(|(id, due_at)| {
+                        let message = ExpiryMessage::new(OrderId::new(id)?, due_at);
+                        Ok(message.with_trace(tracing.order_context()?))
+                    })
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                let calls = messages
+                    .into_iter()
+                    .map(|message| self.scheduler.schedule_message(message));
+                futures::future::join_all(calls).await
+            }
+        };
+        for result in results {
+            result.context("scheduling on the ladder")?;
+        }
+        Ok(())
+    }
 }
 
 /// Inserts and schedules the plan in 10 ms ticks at `rate` orders per second:
@@ -220,7 +323,7 @@ async fn measure_in(
 /// with the same due times; payments go to the payer.
 async fn schedule_all(
     world: &World,
-    scheduler: &Scheduler,
+    ladder: Publisher<'_>,
     naive: Option<&Settings>,
     plan: &[Planned],
     rate: u32,
@@ -245,7 +348,7 @@ async fn schedule_all(
         sent += n;
         result = schedule_batch(
             world,
-            scheduler,
+            ladder,
             naive.map(|s| (s, &naive_channel)),
             batch,
             &pay,
@@ -316,20 +419,18 @@ async fn insert(
 
 async fn schedule_batch(
     world: &World,
-    scheduler: &Scheduler,
+    ladder: Publisher<'_>,
     naive: Option<(&Settings, &Channel)>,
     batch: &[Planned],
     pay: &Payments,
 ) -> anyhow::Result<()> {
     let now = Utc::now();
-    let ladder = insert(world, "L", now, batch, pay).await?;
+    let orders = insert(world, "L", now, batch, pay).await?;
     let naive_orders = match naive {
         Some(_) => insert(world, "N", now, batch, pay).await?,
         None => Vec::new(),
     };
-    for result in scheduler.schedule_many(ladder).await {
-        result.context("scheduling on the ladder")?;
-    }
+    ladder.schedule(orders).await?;
     if let Some((settings, channel)) = naive {
         for (id, due_at) in naive_orders {
             naive::publish(channel, settings, &id, due_at).await?;

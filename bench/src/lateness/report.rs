@@ -69,6 +69,9 @@ pub struct Report {
     pub burst_max_delay_s: f64,
     /// `publisher.max_in_flight` of the run.
     pub max_in_flight: usize,
+    /// serve's CPU seconds per 1,000 steady-stream orders, from its start to
+    /// the end of the run, when serve was the consumer.
+    pub serve_cpu_per_1000_s: Option<f64>,
 }
 
 impl Row {
