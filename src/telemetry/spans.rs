@@ -142,24 +142,7 @@ mod bridge {
 
     /// The context `span` passes on, when it is exported.
     pub(crate) fn onward(span: &tracing::Span) -> Option<TraceContext> {
-        let context = span.context();
-        let span = context.span();
-        let span = span.span_context();
-        if !span.is_valid() {
-            return None;
-        }
-        let traceparent = format!(
-            "00-{}-{}-{:02x}",
-            span.trace_id(),
-            span.span_id(),
-            span.trace_flags().to_u8()
-        );
-        let state = span.trace_state().header();
-        let state = (!state.is_empty()).then_some(state.as_str());
-        // A state W3C would refuse goes; the ids are valid.
-        TraceContext::parse(&traceparent, state)
-            .or_else(|_| TraceContext::parse(&traceparent, None))
-            .ok()
+        TraceContext::of_span(span)
     }
 
     /// Sets a count on the exported span only (the logs do not carry it).

@@ -15,7 +15,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, SubsecRound as _, TimeDelta, Utc};
-use futures::future::join_all;
 use opentelemetry::trace::TraceContextExt;
 use order_expiry::publisher::TraceContext;
 use order_expiry::settings::LogFormat;
@@ -24,7 +23,7 @@ use order_expiry::{Scheduler, Settings};
 use order_expiry_testkit::served::binary;
 use order_expiry_testkit::{
     Endpoint, OtlpReceiver, ReceivedSpan, Reply, Served, World, at_ms, message, poll, run_cli,
-    succeeded,
+    schedule_bundled, succeeded,
 };
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
@@ -204,19 +203,10 @@ async fn each_orders_consumer_span_joins_the_trace_it_was_created_in() {
     ))
     .await;
     let scheduler = env.scheduler().with_max_in_flight(1);
-    let calls = ids.iter().map(|id| {
-        let message = message(id, due).with_trace(Some(created[id].clone()));
-        scheduler.schedule_message(message)
-    });
-    let scheduled: Vec<_> = join_all(calls)
-        .await
-        .into_iter()
-        .map(Result::unwrap)
-        .collect();
-    assert!(
-        scheduled.iter().any(|s| s.orders_in_message > 1),
-        "some orders were bundled: {scheduled:?}"
-    );
+    let messages = ids
+        .iter()
+        .map(|id| message(id, due).with_trace(Some(created[id].clone())));
+    schedule_bundled(&scheduler, messages.collect()).await;
 
     // One more, scheduled into another ladder and moved into this one by
     // `ladder migrate`.

@@ -8,14 +8,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::join_all;
 use lapin::BasicProperties;
 use lapin::message::Delivery;
 use lapin::options::BasicGetOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use order_expiry::publisher::{DueMessage, ExpiryMessage, TraceContext, TraceHeaders};
 use order_expiry::service::{Outcome, Readiness, Relay};
-use order_expiry_testkit::{World, at_ms, count, json, message, poll, table};
+use order_expiry_testkit::{World, at_ms, count, json, message, poll, schedule_bundled, table};
 
 /// The context of trace number `n`.
 fn context(n: usize) -> TraceContext {
@@ -98,19 +97,10 @@ async fn each_order_keeps_its_own_trace_through_ladder_resends_parking_and_repla
         .collect();
     env.create_orders(&rows).await;
     let scheduler = env.scheduler().with_max_in_flight(1);
-    let calls = ids.iter().map(|id| {
-        let message = message(id, due).with_trace(traces[id].clone());
-        scheduler.schedule_message(message)
-    });
-    let scheduled: Vec<_> = join_all(calls)
-        .await
-        .into_iter()
-        .map(Result::unwrap)
-        .collect();
-    assert!(
-        scheduled.iter().any(|s| s.orders_in_message > 1),
-        "some orders were bundled: {scheduled:?}"
-    );
+    let messages = ids
+        .iter()
+        .map(|id| message(id, due).with_trace(traces[id].clone()));
+    schedule_bundled(&scheduler, messages.collect()).await;
 
     // Parking: a bundle whose first order (the headers' context) and an
     // untraced one are far too early, beside one due now; and a v1 message

@@ -72,7 +72,7 @@ pub use self::services::{
 };
 pub use self::steps::{
     HasOrderId, Parked, assert_late_within, assert_on_time, count, json, orders, schedule_all,
-    table, wire_due,
+    schedule_bundled, table, wire_due,
 };
 pub use self::subscriber::{Received, Subscriber};
 pub use self::tls_front::TlsFront;

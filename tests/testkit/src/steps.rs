@@ -11,9 +11,9 @@ use chrono::{DateTime, TimeDelta, Utc};
 use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, ExchangeKind};
-use order_expiry::Scheduler;
 use order_expiry::publisher::ExpiryMessage;
 use order_expiry::service::{Handled, Outcome};
+use order_expiry::{Scheduled, Scheduler};
 
 use crate::ledger::{Figures, Lateness, Ledger};
 use crate::served::Served;
@@ -68,6 +68,25 @@ pub async fn schedule_all(scheduler: Scheduler, orders: &[(String, DateTime<Utc>
     }
     scheduler.close().await;
     messages.len()
+}
+
+/// Schedules `messages` at once through `scheduler` (a window of one
+/// confirm makes them leave in bundles); panics unless some were bundled.
+pub async fn schedule_bundled(
+    scheduler: &Scheduler,
+    messages: Vec<ExpiryMessage>,
+) -> Vec<Scheduled> {
+    let calls = messages.into_iter().map(|m| scheduler.schedule_message(m));
+    let scheduled: Vec<Scheduled> = futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .map(|r| r.expect("every schedule confirmed"))
+        .collect();
+    assert!(
+        scheduled.iter().any(|s| s.orders_in_message > 1),
+        "some orders were bundled: {scheduled:?}"
+    );
+    scheduled
 }
 
 /// Asserts that every order of `orders` (scheduled, none paid) is
