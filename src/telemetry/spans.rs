@@ -73,16 +73,14 @@ mod bridge {
     /// cancelled", and the sampling decision made there holds here), linked
     /// to it, with the messaging attributes. Whether `span` is exported.
     pub(crate) fn process(span: &tracing::Span, order: Processing<'_>) -> bool {
-        let creation = order.creation.and_then(span_context);
-        let parent = match &creation {
-            Some(remote) => Context::new().with_remote_span_context(remote.clone()),
-            // A root of its own, whatever span is current.
-            None => Context::new(),
-        };
-        if span.set_parent(parent).is_err() {
+        // A root of its own, whatever span is current; and the one look for
+        // the layer: with export off nothing below runs, not even the parse.
+        if span.set_parent(Context::new()).is_err() {
             return false;
         }
-        if let Some(remote) = creation {
+        if let Some(remote) = order.creation.and_then(span_context) {
+            let parent = Context::new().with_remote_span_context(remote.clone());
+            let _ = span.set_parent(parent);
             span.add_link(remote);
         }
         let consuming = order.consuming;

@@ -235,20 +235,24 @@ impl<A: Action> Session<'_, A> {
 }
 
 /// What its span says of an order's verdict: the outcome (`retried` for
-/// another try, none for a hold) and the attempt; a parked order's span
-/// fails, with the reason.
+/// another try, none for a hold; a settled one's was recorded when it was
+/// logged, and a second record would repeat it in text logs) and the
+/// attempt; a parked order's span fails, with the reason.
 fn describe(pending: &Pending, next: &Next) {
     let span = &pending.span;
     let outcome = match next {
-        Next::Ack(outcome) | Next::Requeue(_, outcome) => outcome.label(),
+        Next::Ack(_) => None,
+        Next::Requeue(_, outcome) => Some(outcome.label()),
         Next::Park(reason) => {
             spans::failed(span, reason);
-            Outcome::Parked.label()
+            Some(Outcome::Parked.label())
         }
-        Next::Retry(_) => "retried",
+        Next::Retry(_) => Some("retried"),
         Next::Hold(..) => return,
     };
-    span.record("outcome", outcome);
+    if let Some(outcome) = outcome {
+        span.record("outcome", outcome);
+    }
     spans::count(
         span,
         "order_expiry.attempt",

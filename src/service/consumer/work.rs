@@ -251,10 +251,10 @@ fn batch_span<'a, A>(
     work: &Work<A>,
     orders: impl Iterator<Item = &'a Pending> + Clone,
 ) -> tracing::Span {
-    let count = orders.clone().count();
     if !orders.clone().any(Pending::exported) {
         return tracing::Span::none();
     }
+    let count = orders.clone().count();
     let span = tracing::info_span!(
         target: CONSUMER,
         "expire",
