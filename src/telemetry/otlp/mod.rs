@@ -115,7 +115,11 @@ impl OtlpExport {
     /// provider. A span carries its own fields and nothing the bridge could
     /// add by itself (source location, thread, busy and idle time, target):
     /// they would cost every span a clock read or a string, and tell an
-    /// operator nothing about an order.
+    /// operator nothing about an order. Entering a span does not make its
+    /// context the thread's current one: nothing here reads
+    /// `opentelemetry::Context::current()` (each context passed on is read off
+    /// its span), and at a flash sale's 20,000 orders a second the attach and
+    /// detach on every poll of every order's span was a cost of its own.
     pub fn layer<S>(&self) -> OpenTelemetryLayer<S, SdkTracer>
     where
         S: Subscriber + for<'span> LookupSpan<'span>,
@@ -126,6 +130,7 @@ impl OtlpExport {
             .with_threads(false)
             .with_tracked_inactivity(false)
             .with_target(false)
+            .with_context_activation(false)
     }
 
     /// The provider, for `opentelemetry::global` and for code that makes
