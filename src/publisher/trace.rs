@@ -109,20 +109,18 @@ impl TraceContext {
     /// one (no layer, no span, or a span outside any trace). Feature `otel`.
     #[cfg(feature = "otel")]
     pub fn current() -> Option<Self> {
-        Self::of_span(&tracing::Span::current())
-    }
-
-    /// The context of `span`, as the `tracing-opentelemetry` layer sees it
-    /// (`None`: no layer, or a span outside any trace): what the publisher
-    /// captures, and what the consumer passes on. Feature `otel`.
-    #[cfg(feature = "otel")]
-    pub(crate) fn of_span(span: &tracing::Span) -> Option<Self> {
         use opentelemetry::trace::TraceContextExt as _;
         use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
-        let context = span.context();
-        let span = context.span();
-        let span = span.span_context();
+        let context = tracing::Span::current().context();
+        Self::of_span_context(context.span().span_context())
+    }
+
+    /// The W3C form of an OpenTelemetry span's context (`None`: a span
+    /// outside any trace): what the publisher captures, and what the
+    /// consumer passes on. Feature `otel`.
+    #[cfg(feature = "otel")]
+    pub(crate) fn of_span_context(span: &opentelemetry::trace::SpanContext) -> Option<Self> {
         if !span.is_valid() {
             return None;
         }

@@ -18,7 +18,7 @@
 /// The log target of the consumer's events and spans: `order_expiry::consumer`,
 /// as documented (`ORDER_EXPIRY__LOG__FILTER=info,order_expiry::consumer=debug`),
 /// wherever in the service the code lives.
-const CONSUMER: &str = "order_expiry::consumer";
+pub(crate) const CONSUMER: &str = "order_expiry::consumer";
 
 /// The log target of the sweeper's events.
 const SWEEPER: &str = "order_expiry::sweeper";

@@ -240,11 +240,14 @@ impl<A: Action> Session<'_, A> {
 /// attempt; a parked order's span fails, with the reason.
 fn describe(pending: &Pending, next: &Next) {
     let span = &pending.span;
+    let exported = pending.exported.as_ref();
     let outcome = match next {
         Next::Ack(_) => None,
         Next::Requeue(_, outcome) => Some(outcome.label()),
         Next::Park(reason) => {
-            spans::failed(span, reason);
+            if let Some(exported) = exported {
+                spans::failed(exported, reason);
+            }
             Some(Outcome::Parked.label())
         }
         Next::Retry(_) => Some("retried"),
@@ -253,9 +256,8 @@ fn describe(pending: &Pending, next: &Next) {
     if let Some(outcome) = outcome {
         span.record("outcome", outcome);
     }
-    spans::count(
-        span,
-        "order_expiry.attempt",
-        pending.attempts.saturating_add(1),
-    );
+    if let Some(exported) = exported {
+        let attempt = pending.attempts.saturating_add(1);
+        spans::count(exported, "order_expiry.attempt", attempt);
+    }
 }

@@ -28,7 +28,7 @@ use tracing::{Instrument, info, warn};
 
 use super::pass::{Leftovers, ParkedOrder, parked_reason};
 use super::session::SessionError;
-use super::work::{Done, Failed, delivery_span, record};
+use super::work::{Done, Failed, record};
 use super::{Handled, Observer, Outcome};
 use crate::amqp::{self, BrokerError, Confirmed, Confirms};
 use crate::clock::Clock;
@@ -211,10 +211,14 @@ impl Outbound {
     /// singly; what the broker does not take stays for a retry.
     pub(super) fn move_out(&self, move_out: MoveOut) -> BoxFuture<'static, Done> {
         let outbound = self.clone();
-        let span = delivery_span(&move_out.delivery, None);
         // Exported as what it does (its orders' own spans have ended).
-        span.record("otel.name", "publish leftovers");
-        span.record("otel.kind", "producer");
+        let span = tracing::info_span!(
+            target: CONSUMER,
+            "delivery",
+            redelivered = move_out.delivery.redelivered,
+            otel.name = "publish leftovers",
+            otel.kind = "producer",
+        );
         async move { outbound.publish_all(move_out).await }
             .instrument(span)
             .boxed()

@@ -27,7 +27,7 @@ use crate::publisher::{ExpiryMessage, TraceContext};
 use crate::service::CONSUMER;
 use crate::service::action::{Action, ActionError, Expiring, PaymentCheck};
 use crate::settings::CheckSettings;
-use crate::telemetry::spans::{self, Consuming, Processing};
+use crate::telemetry::spans::{self, Consuming, Exported, Processing};
 use crate::telemetry::{
     BATCH_ORDERS, BATCH_SECONDS, EARLY_TOTAL, LATENESS_SECONDS, MESSAGES_TOTAL, NOT_DUE_TOTAL,
 };
@@ -40,6 +40,8 @@ pub(super) struct Pending {
     pub(super) message: ExpiryMessage,
     /// Its `process` span, from arrival to its verdict (`telemetry::spans`).
     pub(super) span: tracing::Span,
+    /// That span as exported, when it is.
+    pub(super) exported: Option<Exported>,
     /// The context the action passes on: the span's own when it is
     /// exported, else the one the order came with (`None`: in the message).
     onward: Option<TraceContext>,
@@ -57,7 +59,7 @@ impl Pending {
         message: ExpiryMessage,
         consuming: &Consuming,
     ) -> Self {
-        let span = delivery_span(&delivery, Some(&message.order_id));
+        let span = order_span(&delivery, &message.order_id, consuming);
         let processing = Processing {
             consuming,
             creation: message.trace.as_ref(),
@@ -70,24 +72,18 @@ impl Pending {
             delivery_tag: delivery.delivery_tag,
             due_at: message.due_at,
         };
-        let onward = match spans::process(&span, processing) {
-            true => spans::onward(&span),
-            false => None,
-        };
+        let exported = spans::process(&span, processing);
+        let onward = exported.as_ref().and_then(Exported::onward);
         let attempts = message.attempts;
         Self {
             delivery,
             message,
             span,
+            exported,
             onward,
             attempts,
             failing_since: None,
         }
-    }
-
-    /// Whether its span is exported.
-    fn exported(&self) -> bool {
-        self.onward.is_some()
     }
 
     /// The action failed for it once more: counted, and the first failure's
@@ -251,7 +247,7 @@ fn batch_span<'a, A>(
     work: &Work<A>,
     orders: impl Iterator<Item = &'a Pending> + Clone,
 ) -> tracing::Span {
-    if !orders.clone().any(Pending::exported) {
+    if !orders.clone().any(|p| p.exported.is_some()) {
         return tracing::Span::none();
     }
     let count = orders.clone().count();
@@ -259,11 +255,11 @@ fn batch_span<'a, A>(
         target: CONSUMER,
         "expire",
         otel.name = "expire orders",
-        otel.kind = tracing::field::Empty,
+        otel.kind = "client",
         order_expiry.action = work.action_kind,
         order_expiry.batch_size = count,
     );
-    spans::batch(&span, orders.filter(|p| p.exported()).map(|p| &p.span));
+    spans::batch(&span, orders.filter_map(|p| p.exported.as_ref()));
     span
 }
 
@@ -329,23 +325,31 @@ fn lateness_secs(message: &ExpiryMessage, now: DateTime<Utc>) -> f64 {
         / 1e6
 }
 
-/// The span of one delivery, from arrival to ack: every event about it carries
-/// its order id (when it decodes) and, once known, its outcome.
-pub(super) fn delivery_span(delivery: &Delivery, order_id: Option<&str>) -> tracing::Span {
-    let span = tracing::info_span!(
-        target: CONSUMER,
-        "delivery",
-        order_id = tracing::field::Empty,
-        outcome = tracing::field::Empty,
-        redelivered = delivery.redelivered,
-        // Recorded for export only (`telemetry::spans`).
-        otel.name = tracing::field::Empty,
-        otel.kind = tracing::field::Empty,
-    );
-    if let Some(order_id) = order_id {
-        span.record("order_id", order_id);
+/// The span of one order, from arrival to its verdict: every event about it
+/// carries its order id and, once known, its outcome. When `consuming`
+/// exports, it also carries the name and kind it is exported with; given
+/// here, at its creation, they cost the log layer one field each, where a
+/// `record` afterwards makes it read back and rewrite the span's fields.
+fn order_span(delivery: &Delivery, order_id: &str, consuming: &Consuming) -> tracing::Span {
+    if consuming.exports {
+        tracing::info_span!(
+            target: CONSUMER,
+            "delivery",
+            order_id,
+            outcome = tracing::field::Empty,
+            redelivered = delivery.redelivered,
+            otel.name = consuming.name.as_str(),
+            otel.kind = "consumer",
+        )
+    } else {
+        tracing::info_span!(
+            target: CONSUMER,
+            "delivery",
+            order_id,
+            outcome = tracing::field::Empty,
+            redelivered = delivery.redelivered,
+        )
     }
-    span
 }
 
 /// Records the outcome on the delivery's span and logs it there.
@@ -355,7 +359,9 @@ pub(super) fn log_outcome(pending: &Pending, outcome: Outcome, now: DateTime<Utc
     match outcome {
         Outcome::Cancelled => {
             let lateness_ms = lateness_secs(&pending.message, now) * 1e3;
-            spans::float(&pending.span, "order_expiry.lateness_ms", lateness_ms);
+            if let Some(exported) = &pending.exported {
+                spans::float(exported, "order_expiry.lateness_ms", lateness_ms);
+            }
             debug!(target: CONSUMER, lateness_ms, "handled");
         }
         Outcome::Unknown => info!(target: CONSUMER, rechecks = pending.message.unknown_rechecks,
