@@ -6,9 +6,11 @@
 //! `action.http.max_rps` a second, however large the backlog.
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures::FutureExt as _;
 use order_expiry::settings::ActionKind;
 use order_expiry_testkit::{
     Endpoint, OrderRow, World, assert_on_time, at_ms, bundle, busiest_second, eventually, json,
@@ -163,8 +165,13 @@ async fn order_service_outage(count: usize, every_ms: i64, down: Duration, rps: 
     let back = Utc::now();
     let span = Duration::from_millis((count as i64 * every_ms) as u64);
     let drain = Duration::from_secs_f64(count as f64 / rps as f64 * 2.0);
-    env.wait_cancelled(&orders, span + drain + Duration::from_secs(30))
-        .await;
+    let waiting = env.wait_cancelled(&orders, span + drain + Duration::from_secs(30));
+    if let Err(why) = AssertUnwindSafe(waiting).catch_unwind().await {
+        let why = why
+            .downcast_ref::<String>()
+            .map_or("(no message)", String::as_str);
+        panic!("{why}\n{}", where_they_are(&env, &service, back).await);
+    }
 
     let requests = service.requests();
     let mut times: Vec<DateTime<Utc>> = requests.iter().map(|r| r.at).collect();
@@ -202,4 +209,36 @@ async fn order_service_outage(count: usize, every_ms: i64, down: Duration, rps: 
     );
     consumer.stop().await;
     env.cleanup().await;
+}
+
+/// Where the orders not cancelled are, for a failure's message: what the
+/// order service saw of each (ms after it came back, status) and what the
+/// world's queues hold.
+async fn where_they_are(env: &World, service: &Endpoint, back: DateTime<Utc>) -> String {
+    let rows = env.orders().await.unwrap_or_default();
+    let mut text = String::new();
+    let stuck = rows.iter().filter(|(_, r)| r.status != "cancelled");
+    for (id, row) in stuck.take(5) {
+        let seen: Vec<_> = service
+            .requests_for("expire", id)
+            .iter()
+            .map(|r| ((r.at - back).num_milliseconds(), r.status))
+            .collect();
+        text += &format!(
+            "{id}: due {}, requests (ms after back, status) {seen:?}\n",
+            row.pay_deadline
+        );
+    }
+    let ladder = env.ladder();
+    for queue in [
+        ladder.due_queue(),
+        ladder.catch_up_queue(),
+        ladder.parked_queue(),
+    ] {
+        text += &format!("{queue}: {} ready\n", env.depth(&queue).await);
+    }
+    text + &format!(
+        "ladder, due queue included: {} ready",
+        env.ladder_depth(None).await
+    )
 }
