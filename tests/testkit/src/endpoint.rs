@@ -90,18 +90,28 @@ impl Endpoint {
 
     /// [`Endpoint::order_service`] on `port` of 127.0.0.1 (0: a free one).
     pub async fn order_service_on(orders: Arc<PgOrderStore>, port: u16) -> Self {
-        let endpoint = Self::start_on(port).await;
-        endpoint.state.lock().unwrap().orders = Some(orders);
-        endpoint
+        // Its table is set before it listens: a request in between would be
+        // answered as by a plain endpoint (200, nothing cancelled), and a
+        // consumer retrying as the port opens takes that for a cancel.
+        let state = State {
+            orders: Some(orders),
+            ..State::default()
+        };
+        Self::serve_on(port, state).await
     }
 
     /// [`Endpoint::start`] on `port` of 127.0.0.1 (0: a free one).
     pub async fn start_on(port: u16) -> Self {
+        Self::serve_on(port, State::default()).await
+    }
+
+    /// Listens on `port` of 127.0.0.1 and answers from `state`.
+    async fn serve_on(port: u16, state: State) -> Self {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
             .await
             .expect("the port is free");
         let addr = listener.local_addr().expect("its address");
-        let state = Arc::new(Mutex::new(State::default()));
+        let state = Arc::new(Mutex::new(state));
         let stop = CancellationToken::new();
         let shared = Arc::clone(&state);
         let app = axum::Router::new().fallback(move |request: HttpRequest<Body>| {
