@@ -234,12 +234,12 @@ mod tests {
     use crate::publisher::{ExpiryMessage, OrderId};
     use crate::telemetry::spans::Consuming;
 
-    fn consuming() -> Consuming {
+    fn consuming() -> Arc<Consuming> {
         let node = crate::amqp::BrokerNode {
             host: "localhost".into(),
             port: 5672,
         };
-        Consuming::new("due", "sql", node)
+        Arc::new(Consuming::new("due", "sql", node, false))
     }
 
     /// `n` orders of one bundle, each due `due_in` from now, held.

@@ -32,7 +32,6 @@ use crate::service::CONSUMER;
 use crate::service::action::{Action, ActionError};
 use crate::service::orders::FailureClass;
 use crate::telemetry::RETRIES_TOTAL;
-use crate::telemetry::spans;
 
 impl<A: Action> Session<'_, A> {
     /// Work finished: record it, send the acks that allows, and isolate or
@@ -73,7 +72,7 @@ impl<A: Action> Session<'_, A> {
     /// One order's verdict, into its delivery's pass.
     fn verdict(&mut self, mut pending: Pending, next: Next, handled: Option<super::Handled>) {
         let tag = pending.tag();
-        describe(&pending, &next);
+        describe(&mut pending, &next);
         let Some(pass) = self.unacked.pass(tag) else {
             return;
         };
@@ -238,26 +237,20 @@ impl<A: Action> Session<'_, A> {
 /// another try, none for a hold; a settled one's was recorded when it was
 /// logged, and a second record would repeat it in text logs) and the
 /// attempt; a parked order's span fails, with the reason.
-fn describe(pending: &Pending, next: &Next) {
-    let span = &pending.span;
-    let exported = pending.exported.as_ref();
+fn describe(pending: &mut Pending, next: &Next) {
     let outcome = match next {
         Next::Ack(_) => None,
         Next::Requeue(_, outcome) => Some(outcome.label()),
         Next::Park(reason) => {
-            if let Some(exported) = exported {
-                spans::failed(exported, reason);
-            }
+            pending.trace.failed(reason);
             Some(Outcome::Parked.label())
         }
         Next::Retry(_) => Some("retried"),
         Next::Hold(..) => return,
     };
     if let Some(outcome) = outcome {
-        span.record("outcome", outcome);
+        pending.span.record("outcome", outcome);
     }
-    if let Some(exported) = exported {
-        let attempt = pending.attempts.saturating_add(1);
-        spans::count(exported, "order_expiry.attempt", attempt);
-    }
+    let attempt = pending.attempts.saturating_add(1);
+    pending.trace.count("order_expiry.attempt", attempt);
 }

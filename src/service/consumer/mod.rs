@@ -72,7 +72,7 @@ use super::backoff::Backoff;
 use super::http::Readiness;
 use crate::clock::Clock;
 use crate::publisher::OrderId;
-use crate::settings::{AmqpSettings, ConsumerSettings, Settings};
+use crate::settings::{ActionKind, AmqpSettings, ConsumerSettings, Settings};
 use crate::telemetry::RECONNECTS_TOTAL;
 use crate::topology::{Ladder, LadderError, Topology};
 
@@ -213,6 +213,7 @@ impl<A: Action> Consumer<A> {
             false => None,
         };
         let clock = action.clock();
+        let passes_on = settings.action.kind != ActionKind::Sql || check.is_some();
         Ok(Self {
             settings: settings.consumer.clone(),
             amqp: settings.amqp.clone(),
@@ -226,6 +227,7 @@ impl<A: Action> Consumer<A> {
                 unknown_rechecks: settings.consumer.unknown_rechecks.clone(),
                 clock: clock.clone(),
                 action_kind: settings.action.kind.as_str(),
+                passes_on,
             }),
             clock,
             readiness,

@@ -119,7 +119,7 @@ pub(super) struct Session<'a, A> {
     /// Whether the node still acts for its cluster (`probe.rs`).
     probe: Probe,
     /// What each order's span says of where it was consumed.
-    consuming: Consuming,
+    consuming: Arc<Consuming>,
     /// Whether any work succeeded: the connection is good.
     pub(super) worked: bool,
     /// Orders of the catch-up lane last reported in its gauge.
@@ -136,7 +136,9 @@ impl<'a, A: Action> Session<'a, A> {
         let settings = &consumer.settings;
         let queue = consumer.ladder.due_queue();
         info!(target: CONSUMER, queue = %queue, prefetch = settings.prefetch, "consuming");
-        let consuming = Consuming::new(&queue, consumer.work.action_kind, link.node.clone());
+        let (work, node) = (&consumer.work, link.node.clone());
+        let consuming = Consuming::new(&queue, work.action_kind, node, work.passes_on);
+        let consuming = Arc::new(consuming);
         Ok(Self {
             consumer,
             link,

@@ -27,7 +27,7 @@ use crate::publisher::{ExpiryMessage, TraceContext};
 use crate::service::CONSUMER;
 use crate::service::action::{Action, ActionError, Expiring, PaymentCheck};
 use crate::settings::CheckSettings;
-use crate::telemetry::spans::{self, Consuming, Exported, Processing};
+use crate::telemetry::spans::{self, Consuming, OrderTrace};
 use crate::telemetry::{
     BATCH_ORDERS, BATCH_SECONDS, EARLY_TOTAL, LATENESS_SECONDS, MESSAGES_TOTAL, NOT_DUE_TOTAL,
 };
@@ -38,10 +38,10 @@ pub(super) struct Pending {
     /// Shared by the orders of one bundle.
     pub(super) delivery: Arc<Delivery>,
     pub(super) message: ExpiryMessage,
-    /// Its `process` span, from arrival to its verdict (`telemetry::spans`).
+    /// Its `process` span, from arrival to its verdict: its log lines.
     pub(super) span: tracing::Span,
-    /// That span as exported, when it is.
-    pub(super) exported: Option<Exported>,
+    /// What the span says when it is exported (`telemetry::spans`).
+    pub(super) trace: OrderTrace,
     /// The context the action passes on: the span's own when it is
     /// exported, else the one the order came with (`None`: in the message).
     onward: Option<TraceContext>,
@@ -57,29 +57,17 @@ impl Pending {
     pub(super) fn new(
         delivery: Arc<Delivery>,
         message: ExpiryMessage,
-        consuming: &Consuming,
+        consuming: &Arc<Consuming>,
     ) -> Self {
         let span = order_span(&delivery, &message.order_id, consuming);
-        let processing = Processing {
-            consuming,
-            creation: message.trace.as_ref(),
-            routing_key: delivery.routing_key.as_str(),
-            message_id: delivery
-                .properties
-                .message_id()
-                .as_ref()
-                .map(|id| id.as_str()),
-            delivery_tag: delivery.delivery_tag,
-            due_at: message.due_at,
-        };
-        let exported = spans::process(&span, processing);
-        let onward = exported.as_ref().and_then(Exported::onward);
+        let trace = OrderTrace::new(&span, &delivery, &message, consuming);
+        let onward = trace.onward();
         let attempts = message.attempts;
         Self {
             delivery,
             message,
             span,
-            exported,
+            trace,
             onward,
             attempts,
             failing_since: None,
@@ -121,6 +109,9 @@ pub(super) struct Work<A> {
     pub(super) clock: Clock,
     /// `action.kind`, for the spans.
     pub(super) action_kind: &'static str,
+    /// Whether the action or the check passes each order's context on
+    /// (every action but SQL does).
+    pub(super) passes_on: bool,
 }
 
 /// Batches, parks and re-queues running now, concurrently with the delivery loop.
@@ -210,10 +201,16 @@ pub(super) fn expire_work<A: Action>(
                 }
             }
         }
+        let mut batch = batch;
         let act: Vec<usize> = (0..batch.len()).filter(|i| next[*i].is_none()).collect();
         if !act.is_empty() {
-            let due: Vec<Expiring<'_>> = act.iter().map(|i| batch[*i].expiring()).collect();
             let span = batch_span(&work, act.iter().map(|i| &batch[*i]));
+            if !span.is_none() {
+                for i in &act {
+                    batch[*i].trace.in_batch(&span);
+                }
+            }
+            let due: Vec<Expiring<'_>> = act.iter().map(|i| batch[*i].expiring()).collect();
             let started = Instant::now();
             let result = work.action.expire(&due).instrument(span).await;
             metrics::histogram!(BATCH_ORDERS.name).record(due.len() as f64);
@@ -243,11 +240,12 @@ pub(super) fn expire_work<A: Action>(
 
 /// The span of one batch through the action, when its orders' spans are
 /// exported (`Span::none()` otherwise: nothing to link, nothing logged).
+/// Its orders and it link to each other when the orders are finished.
 fn batch_span<'a, A>(
     work: &Work<A>,
     orders: impl Iterator<Item = &'a Pending> + Clone,
 ) -> tracing::Span {
-    if !orders.clone().any(|p| p.exported.is_some()) {
+    if !orders.clone().any(|p| p.trace.is_exported()) {
         return tracing::Span::none();
     }
     let count = orders.clone().count();
@@ -259,7 +257,7 @@ fn batch_span<'a, A>(
         order_expiry.action = work.action_kind,
         order_expiry.batch_size = count,
     );
-    spans::batch(&span, orders.filter_map(|p| p.exported.as_ref()));
+    spans::batch_root(&span);
     span
 }
 
@@ -273,13 +271,13 @@ fn settle(
     let verdicts = batch
         .into_iter()
         .zip(next)
-        .map(|(p, next)| {
+        .map(|(mut p, next)| {
             // Every slot is filled above; an empty one would be a bug: retry it.
             let next = next.unwrap_or_else(|| Next::Retry("not handled".into()));
             let seen = match &next {
                 Next::Ack(outcome) => {
                     record(&p.message, *outcome, now);
-                    log_outcome(&p, *outcome, now);
+                    log_outcome(&mut p, *outcome, now);
                     observed.then(|| Handled {
                         order_id: Some(p.message.order_id.clone()),
                         outcome: *outcome,
@@ -353,15 +351,13 @@ fn order_span(delivery: &Delivery, order_id: &str, consuming: &Consuming) -> tra
 }
 
 /// Records the outcome on the delivery's span and logs it there.
-pub(super) fn log_outcome(pending: &Pending, outcome: Outcome, now: DateTime<Utc>) {
+pub(super) fn log_outcome(pending: &mut Pending, outcome: Outcome, now: DateTime<Utc>) {
     pending.span.record("outcome", outcome.label());
     let _entered = pending.span.enter();
     match outcome {
         Outcome::Cancelled => {
             let lateness_ms = lateness_secs(&pending.message, now) * 1e3;
-            if let Some(exported) = &pending.exported {
-                spans::float(exported, "order_expiry.lateness_ms", lateness_ms);
-            }
+            pending.trace.float("order_expiry.lateness_ms", lateness_ms);
             debug!(target: CONSUMER, lateness_ms, "handled");
         }
         Outcome::Unknown => info!(target: CONSUMER, rechecks = pending.message.unknown_rechecks,

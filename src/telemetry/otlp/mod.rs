@@ -140,9 +140,14 @@ impl OtlpExport {
     }
 
     /// Sends every finished span still buffered, and waits for the answer.
+    /// The spans of orders already dropped are finished first.
     pub async fn flush(&self) -> Result<(), OtlpError> {
         let provider = self.provider.clone();
-        blocking(move || provider.force_flush()).await
+        blocking(move || {
+            crate::telemetry::spans::drain(EXPORT_TIMEOUT);
+            provider.force_flush()
+        })
+        .await
     }
 
     /// Sends what is still buffered and stops the export thread: call it last,
@@ -150,7 +155,11 @@ impl OtlpExport {
     /// the export timeout.
     pub async fn shutdown(self) -> Result<(), OtlpError> {
         let provider = self.provider;
-        blocking(move || provider.shutdown_with_timeout(EXPORT_TIMEOUT)).await
+        blocking(move || {
+            crate::telemetry::spans::drain(EXPORT_TIMEOUT);
+            provider.shutdown_with_timeout(EXPORT_TIMEOUT)
+        })
+        .await
     }
 }
 
