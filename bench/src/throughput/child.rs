@@ -17,11 +17,17 @@ use tokio::time::Instant;
 /// when given.
 pub(super) fn serve(settings: &Settings, wrap: Option<&str>) -> anyhow::Result<Child> {
     let serve = crate::flash::serve::binary(None)?;
+    let catch_up_after = settings.topology.catch_up_after.as_millis().to_string();
     launch(serve, &["serve"], settings, wrap)
         // The drain measures the consumer: its orders are past their deadline
         // by the time the preload ends, and the sweeper (on by default) would
         // cancel them first.
         .env("ORDER_EXPIRY__SWEEPER__ENABLED", "false")
+        // The world's setting (none: `setup::settings`), which the testkit
+        // does not pass on. At serve's default (5 s) the preload, due longer
+        // ago than that, was an outage's backlog to it, and went at
+        // `consumer.catch_up_rate` (2,000 a second), not as fast as it can.
+        .env("ORDER_EXPIRY__TOPOLOGY__CATCH_UP_AFTER_MS", &catch_up_after)
         .spawn()
         .context("starting order-expiry serve")
 }
