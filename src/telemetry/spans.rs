@@ -89,7 +89,7 @@ mod bridge {
     /// What an order's exported span will say, kept until the order is
     /// dropped; then [`finisher`] makes the span say it and ends it. Empty
     /// when nothing is exported.
-    #[derive(Debug, Default)]
+    #[derive(Debug)]
     pub(crate) struct OrderTrace(Option<Box<Story>>);
 
     /// Everything the span of one exported order is made from.
@@ -358,11 +358,12 @@ mod finisher {
         let Some(thread) = thread() else {
             return finish(story);
         };
-        match thread.try_send(Job::Finish(story)) {
-            Ok(()) => {}
-            Err(TrySendError::Full(Job::Finish(story))) => finish(story),
-            Err(TrySendError::Disconnected(Job::Finish(story))) => finish(story),
-            Err(_) => {}
+        // Full or gone, the job comes back: a story, as sent.
+        if let Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) =
+            thread.try_send(Job::Finish(story))
+            && let Job::Finish(story) = job
+        {
+            finish(story);
         }
     }
 
@@ -395,7 +396,7 @@ mod bridge_off {
     use crate::publisher::{ExpiryMessage, TraceContext};
 
     /// Never holds anything: without `otel` no span is exported.
-    #[derive(Debug, Default)]
+    #[derive(Debug)]
     pub(crate) struct OrderTrace;
 
     impl OrderTrace {

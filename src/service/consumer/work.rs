@@ -187,7 +187,7 @@ impl Failed {
 /// Checks and expires `batch`, as concurrent work of the session.
 pub(super) fn expire_work<A: Action>(
     work: Arc<Work<A>>,
-    batch: Vec<Pending>,
+    mut batch: Vec<Pending>,
     observed: bool,
 ) -> BoxFuture<'static, Done> {
     async move {
@@ -201,14 +201,11 @@ pub(super) fn expire_work<A: Action>(
                 }
             }
         }
-        let mut batch = batch;
         let act: Vec<usize> = (0..batch.len()).filter(|i| next[*i].is_none()).collect();
         if !act.is_empty() {
             let span = batch_span(&work, act.iter().map(|i| &batch[*i]));
-            if !span.is_none() {
-                for i in &act {
-                    batch[*i].trace.in_batch(&span);
-                }
+            for i in &act {
+                batch[*i].trace.in_batch(&span);
             }
             let due: Vec<Expiring<'_>> = act.iter().map(|i| batch[*i].expiring()).collect();
             let started = Instant::now();
