@@ -4,7 +4,8 @@
 use std::fmt::{Debug, Write};
 
 use tracing::field::{Field, Visit};
-use tracing::{Dispatch, Event, Level, Subscriber};
+use tracing::{Dispatch, Event, Level, Metadata, Subscriber};
+use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::{EnvFilter, Registry, fmt};
@@ -87,7 +88,7 @@ fn dispatch(format: LogFormat, filter: &str, otel: Option<OtelLayer>) -> Dispatc
     };
     let registry = tracing_subscriber::registry()
         .with(otel.with_filter(EnvFilter::new(EXPORTED)))
-        .with(ExpectedNotFound);
+        .with(ExpectedNotFound.with_filter(filter_fn(ExpectedNotFound::looks_at)));
     match format {
         LogFormat::Text => Dispatch::new(registry.with(text().with_filter(filter))),
         LogFormat::Json => Dispatch::new(registry.with(json().with_filter(filter))),
@@ -117,12 +118,24 @@ pub fn init_tracing_for_tests() {
 /// Drops lapin's ERROR "Channel closed" line when the 404 that closed the
 /// channel is the answer a topology look asked for (an exchange that should
 /// not exist: `topology::guard`). Every other lapin line passes.
+///
+/// Beside the export's filtered layer it is filtered too, to the lines it
+/// looks at: a layer without a filter among filtered ones takes every level,
+/// and `tracing::enabled!` would then answer yes to lines no one logs. (A
+/// per-layer filter of the log lines instead would leave tracing-subscriber's
+/// per-thread filter state stale when it drops the only layer's line.)
 struct ExpectedNotFound;
+
+impl ExpectedNotFound {
+    /// The lines it may drop: lapin's errors.
+    fn looks_at(metadata: &Metadata<'_>) -> bool {
+        *metadata.level() == Level::ERROR && metadata.target().starts_with("lapin")
+    }
+}
 
 impl<S: Subscriber> Layer<S> for ExpectedNotFound {
     fn event_enabled(&self, event: &Event<'_>, _: Context<'_, S>) -> bool {
-        let metadata = event.metadata();
-        if *metadata.level() != Level::ERROR || !metadata.target().starts_with("lapin") {
+        if !Self::looks_at(event.metadata()) {
             return true;
         }
         let mut fields = FieldsText(String::new());
@@ -137,5 +150,36 @@ struct FieldsText(String);
 impl Visit for FieldsText {
     fn record_debug(&mut self, _: &Field, value: &dyn Debug) {
         let _ = write!(self.0, "{value:?} ");
+    }
+}
+
+#[cfg(all(test, feature = "otel", feature = "service"))]
+mod tests {
+    use super::*;
+
+    /// Whether a debug line of the consumer would be logged under `dispatch`.
+    fn consumer_debug(dispatch: &Dispatch) -> bool {
+        tracing::dispatcher::with_default(
+            dispatch,
+            || tracing::enabled!(target: crate::service::CONSUMER, Level::DEBUG),
+        )
+    }
+
+    fn exporting() -> Option<OtelLayer> {
+        Some(Box::new(tracing_opentelemetry::layer()))
+    }
+
+    /// The consumer records a cancel's outcome on its span only when its
+    /// debug line is logged: the answer must follow the log filter, export
+    /// or not (an unfiltered layer beside the export's once made it yes).
+    #[test]
+    fn a_debug_line_is_enabled_only_where_the_log_filter_says() {
+        for format in [LogFormat::Text, LogFormat::Json] {
+            assert!(!consumer_debug(&dispatch(format, "info", None)));
+            assert!(!consumer_debug(&dispatch(format, "info", exporting())));
+            let debug = "info,order_expiry::consumer=debug";
+            assert!(consumer_debug(&dispatch(format, debug, None)));
+            assert!(consumer_debug(&dispatch(format, debug, exporting())));
+        }
     }
 }
