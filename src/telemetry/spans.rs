@@ -168,6 +168,13 @@ mod bridge {
             }
         }
 
+        /// A word for the exported span only.
+        pub(crate) fn text(&mut self, key: &'static str, value: &'static str) {
+            if let Some(story) = &mut self.0 {
+                story.attributes.push(KeyValue::new(key, value));
+            }
+        }
+
         /// A measure for the exported span only.
         pub(crate) fn float(&mut self, key: &'static str, value: f64) {
             if let Some(story) = &mut self.0 {
@@ -416,6 +423,7 @@ mod bridge_off {
         }
         pub(crate) fn in_batch(&mut self, _: &tracing::Span) {}
         pub(crate) fn count(&mut self, _: &'static str, _: u32) {}
+        pub(crate) fn text(&mut self, _: &'static str, _: &'static str) {}
         pub(crate) fn float(&mut self, _: &'static str, _: f64) {}
         pub(crate) fn failed(&mut self, _: &str) {}
     }

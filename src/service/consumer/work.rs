@@ -16,7 +16,7 @@ use futures::future::{BoxFuture, join_all};
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use lapin::message::Delivery;
-use tracing::{Instrument as _, debug, info};
+use tracing::{Instrument as _, Level, debug, info};
 
 use super::decide::{AfterCheck, Next, after_action, after_check};
 use super::outbound::{MoveOut, OutboundError};
@@ -349,7 +349,16 @@ fn order_span(delivery: &Delivery, order_id: &str, consuming: &Consuming) -> tra
 
 /// Records the outcome on the delivery's span and logs it there.
 pub(super) fn log_outcome(pending: &mut Pending, outcome: Outcome, now: DateTime<Utc>) {
-    pending.span.record("outcome", outcome.label());
+    // A cancel's only line is at debug. Where that line is off, nothing would
+    // show the outcome on the span, and recording it there costs every cancel
+    // a rewrite of the span's fields by the log layer (16 % of the consumer
+    // thread's time in a traced flash sale with JSON logs): only the exported
+    // span is told, through its trace.
+    if outcome == Outcome::Cancelled && !tracing::enabled!(target: CONSUMER, Level::DEBUG) {
+        pending.trace.text("outcome", outcome.label());
+    } else {
+        pending.span.record("outcome", outcome.label());
+    }
     let _entered = pending.span.enter();
     match outcome {
         Outcome::Cancelled => {
