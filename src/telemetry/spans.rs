@@ -319,6 +319,13 @@ mod finisher {
     //! consumer up. Its queue is bounded; when it is full, an order's
     //! span is finished where it was dropped, so a slow thread costs time,
     //! never spans or memory.
+    //!
+    //! It blocks on its queue when that is empty, so each order handed to it
+    //! then costs the consumer a wake-up (3 % of the consumer thread's
+    //! samples in a traced sale). Resting 1 ms before blocking, so that in a
+    //! sale the orders found it awake, spared the consumer those wake-ups
+    //! but made the traced sale's p99 far worse (87 and 149 ms, against 26
+    //! and 16 ms without the rest, in alternating runs).
 
     use std::sync::OnceLock;
     use std::sync::mpsc::{self, SyncSender, TrySendError};
