@@ -347,7 +347,8 @@ fn order_span(delivery: &Delivery, order_id: &str, consuming: &Consuming) -> tra
     }
 }
 
-/// Records the outcome on the delivery's span and logs it there.
+/// Records the outcome where it will be read (the delivery's span, or for a
+/// cancel with its line off, the exported span only) and logs it there.
 pub(super) fn log_outcome(pending: &mut Pending, outcome: Outcome, now: DateTime<Utc>) {
     // A cancel's only line is at debug. Where that line is off, nothing would
     // show the outcome on the span, and recording it there costs every cancel
