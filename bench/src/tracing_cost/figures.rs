@@ -36,12 +36,14 @@ pub enum Figure {
     ServeCpu,
     /// Span bytes per order.
     SpanBytes,
+    /// Orders whose span never reached the sink.
+    SpansLost,
 }
 
 /// Every figure compared. Judged: the flash sale's cancels per second (a
 /// ratio) and both streams' p99 lateness (a difference); the rest is
 /// reported.
-pub const COMPARED: [(Stream, Figure); 8] = [
+pub const COMPARED: [(Stream, Figure); 10] = [
     (Stream::Flash, Figure::CancelRate),
     (Stream::Flash, Figure::P99),
     (Stream::Steady, Figure::P99),
@@ -50,6 +52,8 @@ pub const COMPARED: [(Stream, Figure); 8] = [
     (Stream::Steady, Figure::ServeCpu),
     (Stream::Flash, Figure::SpanBytes),
     (Stream::Steady, Figure::SpanBytes),
+    (Stream::Flash, Figure::SpansLost),
+    (Stream::Steady, Figure::SpansLost),
 ];
 
 impl Figure {
@@ -61,6 +65,7 @@ impl Figure {
             Self::ScheduleRate => "sched/s",
             Self::ServeCpu => "serve CPU/1k",
             Self::SpanBytes => "span bytes/order",
+            Self::SpansLost => "order spans lost",
         }
     }
 
@@ -72,6 +77,7 @@ impl Figure {
             Self::ScheduleRate => run.schedule_rate,
             Self::ServeCpu => run.serve_cpu_per_1000_s,
             Self::SpanBytes => Some(run.span_bytes_per_order()),
+            Self::SpansLost => Some(run.order_spans_lost() as f64),
         }
     }
 
@@ -79,7 +85,7 @@ impl Figure {
     /// lateness or for bytes (none when off).
     pub(super) fn change(self, off: f64, on: f64) -> f64 {
         match self {
-            Self::P99 | Self::SpanBytes => on - off,
+            Self::P99 | Self::SpanBytes | Self::SpansLost => on - off,
             Self::CancelRate | Self::ScheduleRate | Self::ServeCpu => on / off,
         }
     }
@@ -89,7 +95,7 @@ impl Figure {
         match self {
             Self::P99 => fmt_ms(v),
             Self::ServeCpu => format!("{v:.3} s"),
-            Self::CancelRate | Self::ScheduleRate | Self::SpanBytes => number(v),
+            Self::CancelRate | Self::ScheduleRate | Self::SpanBytes | Self::SpansLost => number(v),
         }
     }
 
@@ -97,7 +103,7 @@ impl Figure {
     pub(super) fn change_text(self, change: f64) -> String {
         match self {
             Self::P99 => format!("{change:+.2} ms"),
-            Self::SpanBytes => format!("{change:+.0}"),
+            Self::SpanBytes | Self::SpansLost => format!("{change:+.0}"),
             Self::CancelRate | Self::ScheduleRate | Self::ServeCpu => format!("× {change:.3}"),
         }
     }

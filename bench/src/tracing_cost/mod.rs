@@ -150,6 +150,8 @@ pub async fn measure(settings: &Settings, args: &TracingCostArgs) -> anyhow::Res
                 let received = check_spans(tracing, sink.take()).with_context(|| label.clone())?;
                 run.span_requests = received.requests;
                 run.span_bytes = received.bytes;
+                run.spans = received.spans;
+                run.order_spans = received.order_spans;
                 if !args.quiet {
                     eprintln!("  {}", run.line());
                 }
@@ -186,7 +188,11 @@ mod tests {
         let on = Tracing::On {
             endpoint: "http://127.0.0.1:1".to_owned(),
         };
-        let got = |requests, bytes| Received { requests, bytes };
+        let got = |requests, bytes| Received {
+            requests,
+            bytes,
+            ..Received::default()
+        };
         assert_eq!(check_spans(&on, got(4, 90_000)).unwrap(), got(4, 90_000));
         assert_eq!(check_spans(&Tracing::Off, got(0, 0)).unwrap(), got(0, 0));
         let silent = check_spans(&on, got(0, 0)).unwrap_err().to_string();

@@ -121,7 +121,7 @@ impl Judged for Report {
             self.flash,
             self.steady,
         );
-        let rows: Vec<[String; 13]> = self.runs.iter().map(cells).collect();
+        let rows: Vec<[String; 14]> = self.runs.iter().map(cells).collect();
         out.push_str(&crate::markdown::table(RUN_HEADER, &rows, |c| c >= 3));
         out.push('\n');
         let compared: Vec<[String; 5]> = self
@@ -148,7 +148,8 @@ impl Judged for Report {
         out.push_str(
             "cancels/s: orders cancelled over the time from the first due time to the last cancel \
              (paced by the due times: it drops when the cancels fall behind); sched/s: flash's \
-             schedule rate; spans: the bytes and requests the sink received (counted, not decoded); \
+             schedule rate; spans: the spans, bytes and requests the sink received (counted, not \
+             decoded); order spans lost: orders scheduled with no `process` span received; \
              serve CPU: seconds per 1,000 orders over serve's life\n",
         );
         out
@@ -190,6 +191,8 @@ mod tests {
             schedule_rate: (stream == Stream::Flash).then_some(rate),
             span_requests: 3,
             span_bytes: if tracing == "on" { 300_000 } else { 0 },
+            spans: if tracing == "on" { 1010 } else { 0 },
+            order_spans: if tracing == "on" { 990 } else { 0 },
             serve_cpu_per_1000_s: Some(0.1),
             seconds: 10.0,
         }
@@ -254,6 +257,7 @@ mod tests {
         assert_eq!(get(Stream::Flash, Figure::P99), (12.0, 12.5, 0.5));
         assert_eq!(get(Stream::Steady, Figure::P99), (6.0, 5.1, 5.1 - 6.0));
         assert_eq!(get(Stream::Flash, Figure::SpanBytes), (0.0, 300.0, 300.0));
+        assert_eq!(get(Stream::Flash, Figure::SpansLost), (0.0, 10.0, 10.0));
         assert!(missed(&r).is_empty(), "{:?}", missed(&r));
         assert!(r.table().contains("| flash sale    | cancels/s"));
     }

@@ -56,6 +56,11 @@ pub struct Run {
     pub span_requests: u64,
     /// Their bytes.
     pub span_bytes: u64,
+    /// The spans in them.
+    pub spans: u64,
+    /// Those of orders (`process {queue}`): at least one per order, unless
+    /// spans were lost on their way.
+    pub order_spans: u64,
     /// serve's CPU seconds per 1,000 orders.
     pub serve_cpu_per_1000_s: Option<f64>,
     /// How long the run took, world and serve included, seconds.
@@ -79,6 +84,8 @@ impl Run {
             schedule_rate: Some(row.schedule_rate),
             span_requests: 0,
             span_bytes: 0,
+            spans: 0,
+            order_spans: 0,
             serve_cpu_per_1000_s: row.serve_cpu_per_1000_s,
             seconds: 0.0,
         }
@@ -104,6 +111,8 @@ impl Run {
             schedule_rate: None,
             span_requests: 0,
             span_bytes: 0,
+            spans: 0,
+            order_spans: 0,
             serve_cpu_per_1000_s: report.serve_cpu_per_1000_s,
             seconds: 0.0,
         })
@@ -112,6 +121,15 @@ impl Run {
     /// Span bytes per order scheduled.
     pub fn span_bytes_per_order(&self) -> f64 {
         self.span_bytes as f64 / self.orders.max(1) as f64
+    }
+
+    /// Orders whose span never reached the sink, with tracing on (0 off).
+    pub fn order_spans_lost(&self) -> u64 {
+        if self.tracing == "on" {
+            (self.orders as u64).saturating_sub(self.order_spans)
+        } else {
+            0
+        }
     }
 
     /// The run as a progress line.
@@ -127,7 +145,7 @@ impl Run {
     }
 }
 
-pub(super) const RUN_HEADER: [&str; 13] = [
+pub(super) const RUN_HEADER: [&str; 14] = [
     "stream",
     "run",
     "tracing",
@@ -139,11 +157,12 @@ pub(super) const RUN_HEADER: [&str; 13] = [
     "cancels/s",
     "sched/s",
     "spans",
+    "order spans lost",
     "span bytes/order",
     "serve CPU/1k",
 ];
 
-pub(super) fn cells(r: &Run) -> [String; 13] {
+pub(super) fn cells(r: &Run) -> [String; 14] {
     let rate = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}"));
     [
         r.stream.to_string(),
@@ -156,7 +175,13 @@ pub(super) fn cells(r: &Run) -> [String; 13] {
         fmt_ms(r.p99_ms),
         rate(r.cancel_rate),
         rate(r.schedule_rate),
-        format!("{:.1} kB in {}", r.span_bytes as f64 / 1e3, r.span_requests),
+        format!(
+            "{} ({:.1} kB) in {}",
+            r.spans,
+            r.span_bytes as f64 / 1e3,
+            r.span_requests
+        ),
+        r.order_spans_lost().to_string(),
         format!("{:.0}", r.span_bytes_per_order()),
         r.serve_cpu_per_1000_s
             .map_or("n/a".to_owned(), |s| format!("{s:.3} s")),
