@@ -70,6 +70,7 @@ impl Consuming {
 #[cfg(feature = "otel")]
 mod bridge {
     use std::sync::Arc;
+    use std::time::SystemTime;
 
     use chrono::{DateTime, SecondsFormat, Utc};
     use lapin::message::Delivery;
@@ -110,6 +111,8 @@ mod bridge {
         attributes: Vec<KeyValue>,
         /// Why it was parked.
         failed: Option<String>,
+        /// When its verdict was known: the span's end, when said.
+        ended: Option<SystemTime>,
     }
 
     impl OrderTrace {
@@ -134,6 +137,7 @@ mod bridge {
                 batches: Vec::new(),
                 attributes: Vec::new(),
                 failed: None,
+                ended: None,
             };
             if consuming.passes_on {
                 story.started = process(&story);
@@ -188,6 +192,14 @@ mod bridge {
                 story.failed = Some(why.to_owned());
             }
         }
+
+        /// The order's verdict is known now: its span ends here, although
+        /// its `tracing` span may never be entered again to say so.
+        pub(crate) fn ended(&mut self) {
+            if let Some(story) = &mut self.0 {
+                story.ended = Some(SystemTime::now());
+            }
+        }
     }
 
     impl Drop for OrderTrace {
@@ -198,8 +210,9 @@ mod bridge {
         }
     }
 
-    /// Makes `story`'s span say what it holds, and drops it: the span ends
-    /// (at its last exit, when the verdict was logged) and is exported.
+    /// Makes `story`'s span say what it holds, and ends it: when its verdict
+    /// was known, if that was said ([`OrderTrace::ended`]), else at its last
+    /// exit. It is then exported.
     pub(super) fn finish(story: Box<Story>) {
         let Some(exported) = story.started.clone().or_else(|| process(&story)) else {
             return;
@@ -215,13 +228,21 @@ mod bridge {
             }
         }
         let Story {
-            attributes, failed, ..
+            attributes,
+            failed,
+            ended,
+            ..
         } = *story;
         if !attributes.is_empty() {
             own.set_attributes(attributes);
         }
         if let Some(why) = failed {
             own.set_status(Status::error(why));
+        }
+        // Ended and exported here; the layer's own end, when the `tracing`
+        // span closes, then finds it ended and does nothing.
+        if let Some(at) = ended {
+            own.end_with_timestamp(at);
         }
     }
 
@@ -433,6 +454,7 @@ mod bridge_off {
         pub(crate) fn text(&mut self, _: &'static str, _: &'static str) {}
         pub(crate) fn float(&mut self, _: &'static str, _: f64) {}
         pub(crate) fn failed(&mut self, _: &str) {}
+        pub(crate) fn ended(&mut self) {}
     }
 
     pub(crate) fn exports() -> bool {

@@ -5,7 +5,7 @@
 //! and `serve` sends its last spans when it stops. Only the last test needs
 //! the broker and the database.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use opentelemetry::KeyValue;
 use opentelemetry::trace::TraceContextExt;
@@ -139,9 +139,11 @@ async fn serve_sends_its_last_spans_when_it_stops() {
         ("OTEL_BSP_SCHEDULE_DELAY", "60000"),
     ];
     let served = env.serve_ready(&vars).await;
+    let placed = SystemTime::now();
     env.place(&[("traced-1".to_owned(), at_ms(0))]).await;
     env.wait_cancelled(&["traced-1"], WAIT).await;
     assert_eq!(receiver.requests(), 0, "the batch waits its minute");
+    let stopping = SystemTime::now();
     served.terminate().await;
 
     let spans = receiver.wait_for_spans(1, WAIT).await;
@@ -152,6 +154,14 @@ async fn serve_sends_its_last_spans_when_it_stops() {
         panic!("no span of traced-1:\n{}", receiver.tree());
     };
     assert_eq!(delivery.attributes["outcome"], "cancelled");
+    // It ended at its verdict, before serve was told to stop, although it
+    // was exported only then.
+    assert!(
+        placed <= delivery.start && delivery.start <= delivery.end && delivery.end <= stopping,
+        "placed {placed:?}, span {:?} to {:?}, stopping {stopping:?}",
+        delivery.start,
+        delivery.end
+    );
     assert_eq!(delivery.service_name.as_deref(), Some("order-expiry-serve"));
     env.cleanup().await;
 }

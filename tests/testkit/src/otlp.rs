@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode, header};
@@ -44,6 +44,10 @@ pub struct ReceivedSpan {
     pub resource: BTreeMap<String, String>,
     /// The instrumentation scope's name.
     pub scope: String,
+    /// When it started, by its host's clock.
+    pub start: SystemTime,
+    /// When it ended, by its host's clock.
+    pub end: SystemTime,
 }
 
 /// A link from a span to another span, possibly of another trace.
@@ -273,6 +277,8 @@ fn receive(
                     service_name: service_name.clone(),
                     resource: resource.clone(),
                     scope: scope.clone(),
+                    start: UNIX_EPOCH + Duration::from_nanos(span.start_time_unix_nano),
+                    end: UNIX_EPOCH + Duration::from_nanos(span.end_time_unix_nano),
                 });
             }
         }
