@@ -132,25 +132,9 @@ fn count_spans(body: &[u8]) -> Option<(u64, u64)> {
 fn fields(mut message: &[u8], number: u64) -> impl Iterator<Item = Result<&[u8], ()>> {
     std::iter::from_fn(move || {
         while !message.is_empty() {
-            let step = (|| {
-                let key = varint(&mut message)?;
-                let len = match key & 7 {
-                    0 => {
-                        varint(&mut message)?;
-                        return Some(None);
-                    }
-                    1 => 8,
-                    5 => 4,
-                    2 => usize::try_from(varint(&mut message)?).ok()?,
-                    _ => return None,
-                };
-                let (value, rest) = (message.get(..len)?, message.get(len..)?);
-                message = rest;
-                Some((key >> 3 == number && key & 7 == 2).then_some(value))
-            })();
-            match step {
-                Some(Some(value)) => return Some(Ok(value)),
-                Some(None) => {}
+            match field(&mut message) {
+                Some((n, Some(value))) if n == number => return Some(Ok(value)),
+                Some(_) => {}
                 None => {
                     message = &[];
                     return Some(Err(()));
@@ -159,6 +143,25 @@ fn fields(mut message: &[u8], number: u64) -> impl Iterator<Item = Result<&[u8],
         }
         None
     })
+}
+
+/// Takes one field off the front of `message`: its number, and its bytes
+/// when it is length-delimited. `None` where the wire format breaks.
+fn field<'a>(message: &mut &'a [u8]) -> Option<(u64, Option<&'a [u8]>)> {
+    let key = varint(message)?;
+    let len = match key & 7 {
+        0 => {
+            varint(message)?;
+            return Some((key >> 3, None));
+        }
+        1 => 8,
+        5 => 4,
+        2 => usize::try_from(varint(message)?).ok()?,
+        _ => return None,
+    };
+    let (value, rest) = message.split_at_checked(len)?;
+    *message = rest;
+    Some((key >> 3, (key & 7 == 2).then_some(value)))
 }
 
 /// Reads one base-128 varint off the front of `bytes`.
@@ -273,6 +276,12 @@ mod tests {
         };
         let body = request.encode_to_vec();
         assert_eq!(count_spans(&body), Some((4, 2)));
+        // A span's attributes (9) come after its kind (a varint) and its
+        // times (fixed64): each is skipped by its own length.
+        let one = span("p").encode_to_vec();
+        let attributes: Vec<_> = fields(&one, 9).collect();
+        assert_eq!(attributes.len(), 1);
+        assert!(attributes[0].is_ok());
         assert_eq!(count_spans(&[]), Some((0, 0)));
         assert_eq!(count_spans(&body[..body.len() - 3]), None, "cut short");
         assert_eq!(
