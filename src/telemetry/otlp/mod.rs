@@ -16,7 +16,9 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkError;
-use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider,
+};
 use thiserror::Error;
 use tracing::Subscriber;
 use tracing_opentelemetry::OpenTelemetryLayer;
@@ -95,8 +97,15 @@ impl OtlpExport {
             .with_timeout(EXPORT_TIMEOUT)
             .build()
             .map_err(OtlpError::Exporter)?;
+        let mut batch = BatchConfigBuilder::default();
+        if let Some(spans) = plan.export_batch {
+            batch = batch.with_max_export_batch_size(spans);
+        }
+        let processor = BatchSpanProcessor::builder(exporter)
+            .with_batch_config(batch.build())
+            .build();
         let provider = SdkTracerProvider::builder()
-            .with_batch_exporter(exporter)
+            .with_span_processor(processor)
             .with_sampler(sampler(&plan.sampler))
             .with_resource(resource(&plan))
             .build();
