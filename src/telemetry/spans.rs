@@ -252,6 +252,16 @@ mod bridge {
         probe.set_parent(Context::new()).is_ok()
     }
 
+    /// The attributes [`process`] gives an order's span, at most.
+    const PROCESS_ATTRIBUTES: usize = 11;
+
+    /// The most attributes an order's exported span carries: its `tracing`
+    /// span's two fields with values (`order_id`, `redelivered`), those of
+    /// [`process`], and its verdict's lateness, outcome and attempt. The
+    /// order's `tracing` span has a field for each (`consumer::work`).
+    #[cfg(test)]
+    pub(crate) const ORDER_SPAN_ATTRIBUTES: usize = 2 + PROCESS_ATTRIBUTES + 3;
+
     /// Starts `story`'s span as the `process` span of one order: a child of
     /// the context it was created in (so the trace runs from "order created"
     /// to "order cancelled", and the sampling decision made there holds
@@ -272,7 +282,7 @@ mod bridge {
         span.set_parent(parent).ok()?;
         // Started here, so that the attributes go in at once.
         let context = span.context();
-        let mut attributes = Vec::with_capacity(11);
+        let mut attributes = Vec::with_capacity(PROCESS_ATTRIBUTES);
         attributes.extend([
             KeyValue::new("messaging.system", "rabbitmq"),
             KeyValue::new("messaging.operation.type", "process"),
@@ -297,6 +307,7 @@ mod bridge {
         if let Some(id) = delivery.properties.message_id() {
             attributes.push(KeyValue::new("messaging.message.id", id.to_string()));
         }
+        debug_assert!(attributes.len() <= PROCESS_ATTRIBUTES);
         context.span().set_attributes(attributes);
         Some(Exported(context))
     }
@@ -416,6 +427,8 @@ mod finisher {
     }
 }
 
+#[cfg(all(test, feature = "otel"))]
+pub(crate) use self::bridge::ORDER_SPAN_ATTRIBUTES;
 #[cfg(feature = "otel")]
 pub(crate) use self::bridge::{OrderTrace, batch_root, exports};
 #[cfg(feature = "otlp")]

@@ -59,7 +59,7 @@ impl Pending {
         message: ExpiryMessage,
         consuming: &Arc<Consuming>,
     ) -> Self {
-        let span = order_span(&delivery, &message.order_id, consuming);
+        let span = order_span(delivery.redelivered, &message.order_id, consuming);
         let trace = OrderTrace::new(&span, &delivery, &message, consuming);
         let onward = trace.onward();
         let attempts = message.attempts;
@@ -325,16 +325,36 @@ fn lateness_secs(message: &ExpiryMessage, now: DateTime<Utc>) -> f64 {
 /// exports, it also carries the name and kind it is exported with; given
 /// here, at its creation, they cost the log layer one field each, where a
 /// `record` afterwards makes it read back and rewrite the span's fields.
-fn order_span(delivery: &Delivery, order_id: &str, consuming: &Consuming) -> tracing::Span {
+fn order_span(redelivered: bool, order_id: &str, consuming: &Consuming) -> tracing::Span {
     if consuming.exports {
+        use tracing::field::Empty;
+        // The fields after `otel.kind` are never recorded, so no log line
+        // shows them. They are room: the export layer gives an exported
+        // span's attributes one slot per field, and the span thread adds
+        // these attributes there (`telemetry::spans`). Without the room, it
+        // grew that list twice per order, moving what this thread allocated.
+        // With more (18 fields or more, 1,008 bytes), the list would be a
+        // large chunk to glibc, and allocating one on this thread first
+        // merges every small chunk the other threads freed into its arena.
         tracing::info_span!(
             target: CONSUMER,
             "delivery",
             order_id,
-            outcome = tracing::field::Empty,
-            redelivered = delivery.redelivered,
+            outcome = Empty,
+            redelivered,
             otel.name = consuming.name.as_str(),
             otel.kind = "consumer",
+            messaging.system = Empty,
+            messaging.operation.type = Empty,
+            messaging.operation.name = Empty,
+            messaging.destination.name = Empty,
+            messaging.rabbitmq.destination.routing_key = Empty,
+            messaging.rabbitmq.message.delivery_tag = Empty,
+            messaging.message.id = Empty,
+            order_expiry.action = Empty,
+            order_expiry.due_at = Empty,
+            server.address = Empty,
+            server.port = Empty,
         )
     } else {
         tracing::info_span!(
@@ -342,7 +362,7 @@ fn order_span(delivery: &Delivery, order_id: &str, consuming: &Consuming) -> tra
             "delivery",
             order_id,
             outcome = tracing::field::Empty,
-            redelivered = delivery.redelivered,
+            redelivered,
         )
     }
 }
@@ -379,5 +399,45 @@ pub(super) fn log_outcome(pending: &mut Pending, outcome: Outcome, now: DateTime
         Outcome::Unknown => info!(target: CONSUMER, rechecks = pending.message.unknown_rechecks,
             "due order does not exist"),
         _ => debug!(target: CONSUMER, "handled"),
+    }
+}
+
+#[cfg(all(test, feature = "otel"))]
+mod tests {
+    use super::*;
+    use crate::amqp::BrokerNode;
+
+    /// The export layer sizes an exported span's list of attributes by its
+    /// `tracing` fields (`order_span` says why that matters): an order's span
+    /// has room for every attribute it is given, and stays a small chunk.
+    #[test]
+    fn an_exported_order_span_has_a_field_for_each_of_its_attributes() {
+        let consuming = Consuming {
+            name: "process shop.due".to_owned(),
+            queue: "shop.due".to_owned(),
+            action: "sql",
+            node: BrokerNode {
+                host: "rabbitmq".to_owned(),
+                port: 5672,
+            },
+            exports: true,
+            passes_on: false,
+        };
+        let dispatch = tracing::Dispatch::new(tracing_subscriber::registry());
+        let fields = tracing::dispatcher::with_default(&dispatch, || {
+            let span = order_span(false, "o-1", &consuming);
+            span.metadata().map(|m| m.fields().len())
+        });
+        let fields = fields.expect("the order's span is enabled");
+        assert!(
+            fields >= spans::ORDER_SPAN_ATTRIBUTES,
+            "{fields} fields for {} attributes",
+            spans::ORDER_SPAN_ATTRIBUTES
+        );
+        // To glibc, a chunk is the size asked for plus 8, rounded up to 16;
+        // from 1,024 it is a large one.
+        let bytes = fields * std::mem::size_of::<opentelemetry::KeyValue>();
+        let chunk = (bytes + 8).next_multiple_of(16);
+        assert!(chunk < 1024, "{fields} attributes take a chunk of {chunk}");
     }
 }
