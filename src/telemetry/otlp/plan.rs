@@ -140,10 +140,9 @@ pub(crate) fn plan(
     let service_name = var("OTEL_SERVICE_NAME")
         .or(listed_name)
         .unwrap_or_else(|| settings.service_name.clone());
-    let export_batch = match var("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") {
-        Some(_) => None,
-        None => Some(EXPORT_BATCH),
-    };
+    let export_batch = var("OTEL_BSP_MAX_EXPORT_BATCH_SIZE")
+        .is_none()
+        .then_some(EXPORT_BATCH);
     Ok(Some(ExportPlan {
         traces_endpoint,
         service_name,
