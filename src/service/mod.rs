@@ -20,6 +20,12 @@
 /// wherever in the service the code lives.
 pub(crate) const CONSUMER: &str = "order_expiry::consumer";
 
+/// The target of each order's span in the consumer's log lines, within
+/// [`CONSUMER`] for the log filter. The export layer leaves spans of it out
+/// (`telemetry`): an exported order's span is made apart, from what the
+/// consumer keeps beside the order (`telemetry::spans`).
+pub(crate) const ORDER_SPAN: &str = "order_expiry::consumer::order";
+
 /// The log target of the sweeper's events.
 const SWEEPER: &str = "order_expiry::sweeper";
 

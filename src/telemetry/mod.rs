@@ -17,6 +17,10 @@ pub(crate) use self::catalog::*;
 pub use self::otlp::{OtlpConfigError, OtlpError, OtlpExport};
 #[cfg(feature = "service")]
 pub(crate) use self::recorder::metrics_handle;
+#[cfg(all(feature = "service", feature = "otel"))]
+pub use self::spans::OrderSpans;
+#[cfg(all(test, feature = "otlp"))]
+pub(crate) use self::subscriber::dispatch_exporting_to;
 /// For the tests of this workspace (a subscriber with export on a test's own
 /// thread); not for users, who call [`init_tracing_and_export`].
 #[cfg(feature = "otlp")]

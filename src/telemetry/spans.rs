@@ -5,19 +5,21 @@
 //! it; and the context the action passes on (HTTP `traceparent`, the
 //! `order.expired` event's headers, the payment check) is the order's own.
 //!
-//! Everything here reaches only the exporting layer, never the log lines.
-//! Whether there is one is asked once a session ([`Consuming::exports`]);
-//! without it no order's span is touched, and the consumer passes on the
-//! context each order came with, unchanged.
+//! An order's span is made with the tracer of [`OrderSpans`], a layer of the
+//! subscriber, not from the order's `tracing` span, which the export layer
+//! does not see: what it says is kept beside the order ([`OrderTrace`]),
+//! never in its log lines. Whether there is such a tracer is asked once a
+//! session ([`Consuming::new`]); without one no order's span is made, and
+//! the consumer passes on the context each order came with, unchanged.
 //!
-//! With it, the consumer does as little as it can on its way to the cancel:
+//! With one, the consumer does as little as it can on its way to the cancel:
 //! an order's [`OrderTrace`] keeps what its span will say, and the span is
 //! made, linked, described and ended when the order is dropped, on a thread
-//! of its own (`finisher`). At a flash sale's
-//! 20,000 orders a second, that work done in line was most of what tracing
-//! added to every order's lateness. Only an action that passes the context
-//! on needs the order's span before it runs: that span is started at
-//! arrival, and the rest of its work is still left to the thread.
+//! of its own (`finisher`). At a flash sale's 20,000 orders a second, that
+//! work done in line was most of what tracing added to every order's
+//! lateness. Only an action that passes the context on needs the order's
+//! span before it runs: that span is started at arrival, and the rest of its
+//! work is still left to the thread.
 //!
 //! Without the `otel` feature nothing is exported and every function is a
 //! no-op of the same signature.
@@ -25,26 +27,16 @@
 use crate::amqp::BrokerNode;
 
 /// Where a session consumes: the same for every order it processes.
-/// (Read only by the bridge: without `otel` nothing is.)
-#[derive(Debug, Clone)]
-#[cfg_attr(not(feature = "otel"), allow(dead_code))]
+#[derive(Debug)]
 pub(crate) struct Consuming {
-    /// `process {queue}`: the span name the messaging conventions give.
-    pub(crate) name: String,
-    /// The due queue.
-    pub(crate) queue: String,
-    /// `action.kind`.
-    pub(crate) action: &'static str,
-    /// The broker node the session's connection reached.
-    pub(crate) node: BrokerNode,
-    /// Whether the consumer's spans are exported: a layer of
-    /// `tracing-opentelemetry` takes them. Asked once, when the session
-    /// starts, so that an order's span is made with its exported name and
-    /// kind, and without export nothing more is asked.
-    pub(crate) exports: bool,
     /// Whether the action (or the payment check) passes each order's context
     /// on: its span must then exist before the action runs.
     pub(crate) passes_on: bool,
+    /// How its orders' spans are made, when they are exported: found once,
+    /// when the session starts, so that without export nothing more is
+    /// asked.
+    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
+    export: Option<Export>,
 }
 
 impl Consuming {
@@ -57,35 +49,111 @@ impl Consuming {
         passes_on: bool,
     ) -> Self {
         Self {
-            name: format!("process {queue}"),
-            queue: queue.to_owned(),
-            action,
-            node,
-            exports: exports(),
             passes_on,
+            export: Export::current(queue, action, &node),
         }
     }
 }
 
 #[cfg(feature = "otel")]
 mod bridge {
+    use std::borrow::Cow;
+    use std::fmt::{self, Display};
     use std::sync::Arc;
     use std::time::SystemTime;
 
     use chrono::{DateTime, SecondsFormat, Utc};
     use lapin::message::Delivery;
+    use opentelemetry::global::{BoxedSpan, BoxedTracer};
     use opentelemetry::trace::{
-        SpanContext, SpanId, Status, TraceContextExt as _, TraceFlags, TraceId, TraceState,
+        Event, Link, Span as _, SpanBuilder, SpanContext, SpanId, SpanKind, Status,
+        TraceContextExt as _, TraceFlags, TraceId, TraceState, Tracer,
     };
     use opentelemetry::{Context, KeyValue};
     use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
     use super::{Consuming, finisher};
+    use crate::amqp::BrokerNode;
     use crate::publisher::{ExpiryMessage, TraceContext};
 
-    /// An order's exported span, started.
-    #[derive(Debug, Clone)]
-    struct Exported(Context);
+    /// The tracer each order's `process` span is made with: a layer of the
+    /// subscriber that does nothing else, so that the consumer finds it
+    /// where it finds its subscriber (a test installs one per thread).
+    /// `telemetry::OtlpExport`'s layer includes it. A program that embeds
+    /// the consumer with its own `tracing-opentelemetry` layer adds one
+    /// beside it, or the consumer exports no order's span.
+    ///
+    /// The order spans are made with it directly, not as `tracing` spans
+    /// through the bridge: the bridge's work for each (its state, made on
+    /// the consumer's thread and looked up on another) was most of what
+    /// tracing cost a flash sale.
+    pub struct OrderSpans(Arc<BoxedTracer>);
+
+    impl OrderSpans {
+        /// Order spans made with `tracer`.
+        pub fn new<T>(tracer: T) -> Self
+        where
+            T: Tracer + Send + Sync + 'static,
+            T::Span: Send + Sync + 'static,
+        {
+            Self(Arc::new(BoxedTracer::new(Box::new(tracer))))
+        }
+    }
+
+    impl fmt::Debug for OrderSpans {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("OrderSpans")
+        }
+    }
+
+    /// Found by its type (`Dispatch::downcast_ref`), the layer's default.
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for OrderSpans {}
+
+    /// What every order's span of one session is made with.
+    pub(super) struct Export {
+        tracer: Arc<BoxedTracer>,
+        /// `process {queue}`: the span name the messaging conventions give.
+        name: Cow<'static, str>,
+        /// The attributes that are the same for each of its orders.
+        session: Vec<KeyValue>,
+    }
+
+    impl fmt::Debug for Export {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("Export").field("name", &self.name).finish()
+        }
+    }
+
+    impl Export {
+        /// How a session consuming `queue` on `node` for `action` exports its
+        /// orders' spans: `None` when the current subscriber has no
+        /// [`OrderSpans`].
+        pub(super) fn current(
+            queue: &str,
+            action: &'static str,
+            node: &BrokerNode,
+        ) -> Option<Self> {
+            let tracer = tracing::dispatcher::get_default(|dispatch| {
+                dispatch
+                    .downcast_ref::<OrderSpans>()
+                    .map(|spans| Arc::clone(&spans.0))
+            })?;
+            let session = vec![
+                KeyValue::new("messaging.system", "rabbitmq"),
+                KeyValue::new("messaging.operation.type", "process"),
+                KeyValue::new("messaging.operation.name", "process"),
+                KeyValue::new("messaging.destination.name", queue.to_owned()),
+                KeyValue::new("order_expiry.action", action),
+                KeyValue::new("server.address", node.host.clone()),
+                KeyValue::new("server.port", i64::from(node.port)),
+            ];
+            Some(Self {
+                tracer,
+                name: Cow::Owned(format!("process {queue}")),
+                session,
+            })
+        }
+    }
 
     /// What an order's exported span will say, kept until the order is
     /// dropped; then [`finisher`] makes the span say it and ends it. Empty
@@ -96,19 +164,22 @@ mod bridge {
     /// Everything the span of one exported order is made from.
     #[derive(Debug)]
     pub(super) struct Story {
-        /// The order's `tracing` span (a handle: the span closes, and is
-        /// exported, when the story is finished and drops it).
-        span: tracing::Span,
         consuming: Arc<Consuming>,
         delivery: Arc<Delivery>,
+        order_id: String,
         creation: Option<TraceContext>,
         due_at: DateTime<Utc>,
+        /// The span's start.
+        arrived: SystemTime,
         /// Started at arrival, when the action passes the context on.
-        started: Option<Exported>,
+        started: Option<BoxedSpan>,
         /// The batches that took it to the action: linked both ways.
         batches: Vec<tracing::Span>,
-        /// Measures said of it since (lateness, attempt).
-        attributes: Vec<KeyValue>,
+        lateness_ms: Option<f64>,
+        outcome: Option<&'static str>,
+        attempt: Option<u32>,
+        /// What was logged about it at `info` or above.
+        events: Vec<Event>,
         /// Why it was parked.
         failed: Option<String>,
         /// When its verdict was known: the span's end, when said.
@@ -116,31 +187,35 @@ mod bridge {
     }
 
     impl OrderTrace {
-        /// The trace of an order of `delivery`, whose log lines go in
-        /// `span`: nothing unless `consuming` exports.
+        /// The trace of an order of `delivery`: nothing unless `consuming`
+        /// exports.
         pub(crate) fn new(
-            span: &tracing::Span,
             delivery: &Arc<Delivery>,
             message: &ExpiryMessage,
             consuming: &Arc<Consuming>,
         ) -> Self {
-            if !consuming.exports {
+            let Some(export) = &consuming.export else {
                 return Self(None);
-            }
+            };
             let mut story = Story {
-                span: span.clone(),
                 consuming: Arc::clone(consuming),
                 delivery: Arc::clone(delivery),
+                order_id: message.order_id.to_string(),
                 creation: message.trace.clone(),
                 due_at: message.due_at,
+                arrived: SystemTime::now(),
                 started: None,
                 batches: Vec::new(),
-                attributes: Vec::new(),
+                lateness_ms: None,
+                outcome: None,
+                attempt: None,
+                events: Vec::new(),
                 failed: None,
                 ended: None,
             };
             if consuming.passes_on {
-                story.started = process(&story);
+                let (builder, parent) = process(&story, export);
+                story.started = Some(export.tracer.build_with_context(builder, &parent));
             }
             Self(Some(Box::new(story)))
         }
@@ -154,35 +229,53 @@ mod bridge {
         /// that was started for it.
         pub(crate) fn onward(&self) -> Option<TraceContext> {
             let started = self.0.as_ref()?.started.as_ref()?;
-            TraceContext::of_span_context(started.0.span().span_context())
+            TraceContext::of_span_context(started.span_context())
         }
 
         /// The order went to the action in `batch` (a span made by
-        /// [`batch_span`]).
+        /// [`batch_root`]).
         pub(crate) fn in_batch(&mut self, batch: &tracing::Span) {
             if let Some(story) = &mut self.0 {
                 story.batches.push(batch.clone());
             }
         }
 
-        /// A count for the exported span only (the logs do not carry it).
-        pub(crate) fn count(&mut self, key: &'static str, value: u32) {
+        /// How late it was cancelled.
+        pub(crate) fn lateness_ms(&mut self, ms: f64) {
             if let Some(story) = &mut self.0 {
-                story.attributes.push(KeyValue::new(key, i64::from(value)));
+                story.lateness_ms = Some(ms);
             }
         }
 
-        /// A word for the exported span only.
-        pub(crate) fn text(&mut self, key: &'static str, value: &'static str) {
+        /// Its outcome, as the metrics label it (or `retried`).
+        pub(crate) fn outcome(&mut self, label: &'static str) {
             if let Some(story) = &mut self.0 {
-                story.attributes.push(KeyValue::new(key, value));
+                story.outcome = Some(label);
             }
         }
 
-        /// A measure for the exported span only.
-        pub(crate) fn float(&mut self, key: &'static str, value: f64) {
+        /// The attempt its verdict came from.
+        pub(crate) fn attempt(&mut self, attempt: u32) {
             if let Some(story) = &mut self.0 {
-                story.attributes.push(KeyValue::new(key, value));
+                story.attempt = Some(attempt);
+            }
+        }
+
+        /// A line logged about it at `info` or above: an event of its span,
+        /// with `fields` as text.
+        pub(crate) fn event(
+            &mut self,
+            message: &'static str,
+            fields: &[(&'static str, &dyn Display)],
+        ) {
+            if let Some(story) = &mut self.0 {
+                let attributes = fields
+                    .iter()
+                    .map(|(key, value)| KeyValue::new(*key, value.to_string()))
+                    .collect();
+                story
+                    .events
+                    .push(Event::new(message, SystemTime::now(), attributes, 0));
             }
         }
 
@@ -193,8 +286,7 @@ mod bridge {
             }
         }
 
-        /// The order's verdict is known now: its span ends here, although
-        /// its `tracing` span may never be entered again to say so.
+        /// The order's verdict is known now: its span ends here.
         pub(crate) fn ended(&mut self) {
             if let Some(story) = &mut self.0 {
                 story.ended = Some(SystemTime::now());
@@ -210,84 +302,91 @@ mod bridge {
         }
     }
 
+    /// The most attributes an order's span carries: its session's, the
+    /// order's own five (`order_id`, `redelivered`, routing key, delivery
+    /// tag, `due_at`), its message id, and its verdict's lateness, outcome
+    /// and attempt. Its list is made this long once, so that it never grows.
+    pub(crate) const ORDER_SPAN_ATTRIBUTES: usize = 7 + 5 + 1 + 3;
+
     /// Makes `story`'s span say what it holds, and ends it: when its verdict
-    /// was known, if that was said ([`OrderTrace::ended`]), else at its last
-    /// exit. It is then exported.
+    /// was known, if that was said ([`OrderTrace::ended`]), else now. It is
+    /// then exported.
     pub(super) fn finish(story: Box<Story>) {
-        let Some(exported) = story.started.clone().or_else(|| process(&story)) else {
+        let mut story = *story;
+        let consuming = Arc::clone(&story.consuming);
+        let Some(export) = &consuming.export else {
             return;
         };
-        let own = exported.0.span();
+        let batches: Vec<(&tracing::Span, SpanContext)> = story
+            .batches
+            .iter()
+            .filter_map(|batch| {
+                let context = batch.context().span().span_context().clone();
+                context.is_valid().then_some((batch, context))
+            })
+            .collect();
         let to_batch = || vec![KeyValue::new("order_expiry.link", "batch")];
-        for batch in &story.batches {
-            let context = batch.context();
-            let batch = context.span();
-            if batch.span_context().is_valid() {
-                batch.add_link(own.span_context().clone(), Vec::new());
-                own.add_link(batch.span_context().clone(), to_batch());
+        let mut verdict = Vec::with_capacity(3);
+        if let Some(ms) = story.lateness_ms {
+            verdict.push(KeyValue::new("order_expiry.lateness_ms", ms));
+        }
+        if let Some(outcome) = story.outcome {
+            verdict.push(KeyValue::new("outcome", outcome));
+        }
+        if let Some(attempt) = story.attempt {
+            verdict.push(KeyValue::new("order_expiry.attempt", i64::from(attempt)));
+        }
+        let mut span = match story.started.take() {
+            Some(mut span) => {
+                span.set_attributes(verdict);
+                for (_, context) in &batches {
+                    span.add_link(context.clone(), to_batch());
+                }
+                for event in story.events.drain(..) {
+                    span.add_event_with_timestamp(event.name, event.timestamp, event.attributes);
+                }
+                span
             }
-        }
-        let Story {
-            attributes,
-            failed,
-            ended,
-            ..
-        } = *story;
-        if !attributes.is_empty() {
-            own.set_attributes(attributes);
-        }
-        if let Some(why) = failed {
-            own.set_status(Status::error(why));
-        }
-        // Ended and exported here; the layer's own end, when the `tracing`
-        // span closes, then finds it ended and does nothing.
-        if let Some(at) = ended {
-            own.end_with_timestamp(at);
-        }
-    }
-
-    /// Whether spans of the consumer's target are exported here.
-    pub(crate) fn exports() -> bool {
-        let probe = tracing::info_span!(target: crate::service::CONSUMER, "delivery");
-        probe.set_parent(Context::new()).is_ok()
-    }
-
-    /// The attributes [`process`] gives an order's span, at most.
-    const PROCESS_ATTRIBUTES: usize = 11;
-
-    /// The most attributes an order's exported span carries: its `tracing`
-    /// span's two fields with values (`order_id`, `redelivered`), those of
-    /// [`process`], and its verdict's lateness, outcome and attempt. The
-    /// order's `tracing` span has a field for each (`consumer::work`).
-    #[cfg(test)]
-    pub(crate) const ORDER_SPAN_ATTRIBUTES: usize = 2 + PROCESS_ATTRIBUTES + 3;
-
-    /// Starts `story`'s span as the `process` span of one order: a child of
-    /// the context it was created in (so the trace runs from "order created"
-    /// to "order cancelled", and the sampling decision made there holds
-    /// here), linked to it, with the messaging attributes. Its start is the
-    /// `tracing` span's: the order's arrival.
-    fn process(story: &Story) -> Option<Exported> {
-        let (delivery, consuming) = (&story.delivery, &story.consuming);
-        let span = &story.span;
-        // A root of its own, whatever span is current, when the order came
-        // without a context.
-        let parent = match story.creation.as_ref().and_then(span_context) {
-            Some(remote) => {
-                span.add_link(remote.clone());
-                Context::new().with_remote_span_context(remote)
+            None => {
+                let (mut builder, parent) = process(&story, export);
+                if let Some(attributes) = &mut builder.attributes {
+                    attributes.extend(verdict);
+                    debug_assert!(attributes.len() <= ORDER_SPAN_ATTRIBUTES);
+                }
+                if let Some(links) = &mut builder.links {
+                    links.extend(
+                        batches
+                            .iter()
+                            .map(|(_, context)| Link::new(context.clone(), to_batch(), 0)),
+                    );
+                }
+                if !story.events.is_empty() {
+                    builder.events = Some(std::mem::take(&mut story.events));
+                }
+                export.tracer.build_with_context(builder, &parent)
             }
-            None => Context::new(),
         };
-        span.set_parent(parent).ok()?;
-        // Started here, so that the attributes go in at once.
-        let context = span.context();
-        let mut attributes = Vec::with_capacity(PROCESS_ATTRIBUTES);
+        for (batch, _) in &batches {
+            batch.add_link(span.span_context().clone());
+        }
+        if let Some(why) = story.failed.take() {
+            span.set_status(Status::error(why));
+        }
+        span.end_with_timestamp(story.ended.unwrap_or_else(SystemTime::now));
+    }
+
+    /// The `process` span of `story`'s order, to start from its arrival: a
+    /// child of the context it was created in (so the trace runs from "order
+    /// created" to "order cancelled", and the sampling decision made there
+    /// holds here), linked to it, with the messaging attributes. Its parent
+    /// is the context returned.
+    fn process(story: &Story, export: &Export) -> (SpanBuilder, Context) {
+        let delivery = &story.delivery;
+        let mut attributes = Vec::with_capacity(ORDER_SPAN_ATTRIBUTES);
+        attributes.extend(export.session.iter().cloned());
         attributes.extend([
-            KeyValue::new("messaging.system", "rabbitmq"),
-            KeyValue::new("messaging.operation.type", "process"),
-            KeyValue::new("messaging.operation.name", "process"),
-            KeyValue::new("messaging.destination.name", consuming.queue.clone()),
+            KeyValue::new("order_id", story.order_id.clone()),
+            KeyValue::new("redelivered", delivery.redelivered),
             KeyValue::new(
                 "messaging.rabbitmq.destination.routing_key",
                 delivery.routing_key.as_str().to_owned(),
@@ -296,20 +395,29 @@ mod bridge {
                 "messaging.rabbitmq.message.delivery_tag",
                 i64::try_from(delivery.delivery_tag).unwrap_or(i64::MAX),
             ),
-            KeyValue::new("order_expiry.action", consuming.action),
             KeyValue::new(
                 "order_expiry.due_at",
                 story.due_at.to_rfc3339_opts(SecondsFormat::Millis, true),
             ),
-            KeyValue::new("server.address", consuming.node.host.clone()),
-            KeyValue::new("server.port", i64::from(consuming.node.port)),
         ]);
         if let Some(id) = delivery.properties.message_id() {
             attributes.push(KeyValue::new("messaging.message.id", id.to_string()));
         }
-        debug_assert!(attributes.len() <= PROCESS_ATTRIBUTES);
-        context.span().set_attributes(attributes);
-        Some(Exported(context))
+        let mut links = Vec::new();
+        // A root of its own when the order came without a context.
+        let parent = match story.creation.as_ref().and_then(span_context) {
+            Some(remote) => {
+                links.push(Link::with_context(remote.clone()));
+                Context::new().with_remote_span_context(remote)
+            }
+            None => Context::new(),
+        };
+        let builder = SpanBuilder::from_name(export.name.clone())
+            .with_kind(SpanKind::Consumer)
+            .with_start_time(story.arrived)
+            .with_attributes(attributes)
+            .with_links(links);
+        (builder, parent)
     }
 
     /// Makes `batch` the span of one batch through the action: a root of its
@@ -427,33 +535,44 @@ mod finisher {
     }
 }
 
+#[cfg(feature = "otel")]
+use self::bridge::Export;
 #[cfg(all(test, feature = "otel"))]
 pub(crate) use self::bridge::ORDER_SPAN_ATTRIBUTES;
 #[cfg(feature = "otel")]
-pub(crate) use self::bridge::{OrderTrace, batch_root, exports};
+pub use self::bridge::OrderSpans;
+#[cfg(feature = "otel")]
+pub(crate) use self::bridge::{OrderTrace, batch_root};
 #[cfg(feature = "otlp")]
 pub(crate) use self::finisher::drain;
 
 #[cfg(not(feature = "otel"))]
 mod bridge_off {
+    use std::fmt::Display;
     use std::sync::Arc;
 
     use lapin::message::Delivery;
 
     use super::Consuming;
+    use crate::amqp::BrokerNode;
     use crate::publisher::{ExpiryMessage, TraceContext};
+
+    /// Never made: without `otel` no span is exported.
+    #[derive(Debug)]
+    pub(super) struct Export;
+
+    impl Export {
+        pub(super) fn current(_: &str, _: &'static str, _: &BrokerNode) -> Option<Self> {
+            None
+        }
+    }
 
     /// Never holds anything: without `otel` no span is exported.
     #[derive(Debug)]
     pub(crate) struct OrderTrace;
 
     impl OrderTrace {
-        pub(crate) fn new(
-            _: &tracing::Span,
-            _: &Arc<Delivery>,
-            _: &ExpiryMessage,
-            _: &Arc<Consuming>,
-        ) -> Self {
+        pub(crate) fn new(_: &Arc<Delivery>, _: &ExpiryMessage, _: &Arc<Consuming>) -> Self {
             Self
         }
         pub(crate) fn is_exported(&self) -> bool {
@@ -463,18 +582,18 @@ mod bridge_off {
             None
         }
         pub(crate) fn in_batch(&mut self, _: &tracing::Span) {}
-        pub(crate) fn count(&mut self, _: &'static str, _: u32) {}
-        pub(crate) fn text(&mut self, _: &'static str, _: &'static str) {}
-        pub(crate) fn float(&mut self, _: &'static str, _: f64) {}
+        pub(crate) fn lateness_ms(&mut self, _: f64) {}
+        pub(crate) fn outcome(&mut self, _: &'static str) {}
+        pub(crate) fn attempt(&mut self, _: u32) {}
+        pub(crate) fn event(&mut self, _: &'static str, _: &[(&'static str, &dyn Display)]) {}
         pub(crate) fn failed(&mut self, _: &str) {}
         pub(crate) fn ended(&mut self) {}
     }
 
-    pub(crate) fn exports() -> bool {
-        false
-    }
     pub(crate) fn batch_root(_: &tracing::Span) {}
 }
 
 #[cfg(not(feature = "otel"))]
-pub(crate) use self::bridge_off::{OrderTrace, batch_root, exports};
+use self::bridge_off::Export;
+#[cfg(not(feature = "otel"))]
+pub(crate) use self::bridge_off::{OrderTrace, batch_root};

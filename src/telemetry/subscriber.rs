@@ -60,6 +60,15 @@ pub fn dispatch_with_export(
     dispatch(format, filter, otel)
 }
 
+/// The subscriber `serve` installs when it exports, exporting to `provider`.
+#[cfg(all(test, feature = "otlp"))]
+pub(crate) fn dispatch_exporting_to(
+    provider: &opentelemetry_sdk::trace::SdkTracerProvider,
+) -> Dispatch {
+    let otel = Box::new(super::otlp::layer::<Registry>(provider)) as OtelLayer;
+    dispatch(LogFormat::Text, "info", Some(otel))
+}
+
 /// A layer that sees every span first (the OpenTelemetry bridge), boxed so the
 /// subscriber has one type whichever features are on.
 type OtelLayer = Box<dyn Layer<Registry> + Send + Sync>;
@@ -67,7 +76,9 @@ type OtelLayer = Box<dyn Layer<Registry> + Send + Sync>;
 /// What is exported when export is on, whatever the log filter says: a
 /// `RUST_LOG=warn` for quieter logs must not cut every order's span. The AMQP
 /// client's own spans (its I/O loop) tell an operator nothing about an order.
-const EXPORTED: &str = "info,lapin=warn";
+/// Each order's `tracing` span (target `service::ORDER_SPAN`) is for the
+/// logs: its exported span is made apart (`telemetry::spans`).
+const EXPORTED: &str = "info,lapin=warn,order_expiry::consumer::order=off";
 
 /// One subscriber for every binary and test: the OpenTelemetry layer when
 /// export is on, the filter, then text or JSON lines on stderr. Without

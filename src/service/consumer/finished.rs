@@ -18,6 +18,8 @@
 //!   one backoff for the whole session, during which no new batch starts and no
 //!   deliveries are taken.
 
+use std::fmt::Display;
+
 use chrono::{TimeDelta, Utc};
 use tracing::{info, warn};
 
@@ -99,10 +101,14 @@ impl<A: Action> Session<'_, A> {
                     .failing_since
                     .unwrap_or_else(std::time::Instant::now);
                 if pass.may_retry_held(pending.attempts, since, held) {
-                    pending.span.in_scope(|| {
-                        info!(target: CONSUMER, reason = %reason, attempts = pending.attempts,
-                            "not now; retrying it held")
-                    });
+                    let attempts = pending.attempts;
+                    pending.span.in_scope(
+                        || info!(target: CONSUMER, reason = %reason, attempts, "{RETRY_HELD}"),
+                    );
+                    let why: &dyn Display = &reason;
+                    pending
+                        .trace
+                        .event(RETRY_HELD, &[("reason", why), ("attempts", &attempts)]);
                     self.unacked.mark(tag, State::Waiting);
                     self.retries.again(pending);
                 } else {
@@ -110,10 +116,14 @@ impl<A: Action> Session<'_, A> {
                     let delay = TimeDelta::from_std(delay).unwrap_or(TimeDelta::MAX);
                     let mut again = pending.message.again_at(self.consumer.clock.now() + delay);
                     again.attempts = pending.attempts;
-                    pending.span.in_scope(|| {
-                        info!(target: CONSUMER, reason = %reason, attempts = pending.attempts,
-                            "not now; it leaves its delivery, through the ladder with its backoff")
-                    });
+                    let attempts = pending.attempts;
+                    pending.span.in_scope(
+                        || info!(target: CONSUMER, reason = %reason, attempts, "{RETRY_LADDER}"),
+                    );
+                    let why: &dyn Display = &reason;
+                    pending
+                        .trace
+                        .event(RETRY_LADDER, &[("reason", why), ("attempts", &attempts)]);
                     pass.again(again, Outcome::RetryRequeued, false);
                 }
             }
@@ -181,11 +191,15 @@ impl<A: Action> Session<'_, A> {
                 self.end_pass(tag);
             }
             FailureClass::Transient => {
-                for pending in batch {
-                    pending.span.in_scope(|| {
-                        warn!(target: CONSUMER, error = %error, attempts = pending.attempts,
-                            "action failed for it alone")
-                    });
+                for mut pending in batch {
+                    let attempts = pending.attempts;
+                    pending.span.in_scope(
+                        || warn!(target: CONSUMER, error = %error, attempts, "{FAILED_ALONE}"),
+                    );
+                    let why: &dyn Display = &error;
+                    pending
+                        .trace
+                        .event(FAILED_ALONE, &[("error", why), ("attempts", &attempts)]);
                     let tag = pending.tag();
                     self.verdict(pending, Next::Retry(error.to_string()), None);
                     self.end_pass(tag);
@@ -250,7 +264,13 @@ fn describe(pending: &mut Pending, next: &Next) {
     };
     if let Some(outcome) = outcome {
         pending.span.record("outcome", outcome);
+        pending.trace.outcome(outcome);
     }
-    let attempt = pending.attempts.saturating_add(1);
-    pending.trace.count("order_expiry.attempt", attempt);
+    pending.trace.attempt(pending.attempts.saturating_add(1));
 }
+
+/// The lines of an order the action did not take this time, each also an
+/// event of its exported span.
+const RETRY_HELD: &str = "not now; retrying it held";
+const RETRY_LADDER: &str = "not now; it leaves its delivery, through the ladder with its backoff";
+const FAILED_ALONE: &str = "action failed for it alone";

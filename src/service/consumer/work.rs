@@ -24,8 +24,8 @@ use super::session::SessionError;
 use super::{Handled, Outcome};
 use crate::clock::Clock;
 use crate::publisher::{ExpiryMessage, TraceContext};
-use crate::service::CONSUMER;
 use crate::service::action::{Action, ActionError, Expiring, PaymentCheck};
+use crate::service::{CONSUMER, ORDER_SPAN};
 use crate::settings::CheckSettings;
 use crate::telemetry::spans::{self, Consuming, OrderTrace};
 use crate::telemetry::{
@@ -59,8 +59,8 @@ impl Pending {
         message: ExpiryMessage,
         consuming: &Arc<Consuming>,
     ) -> Self {
-        let span = order_span(delivery.redelivered, &message.order_id, consuming);
-        let trace = OrderTrace::new(&span, &delivery, &message, consuming);
+        let span = order_span(delivery.redelivered, &message.order_id);
+        let trace = OrderTrace::new(&delivery, &message, consuming);
         let onward = trace.onward();
         let attempts = message.attempts;
         Self {
@@ -321,123 +321,181 @@ fn lateness_secs(message: &ExpiryMessage, now: DateTime<Utc>) -> f64 {
 }
 
 /// The span of one order, from arrival to its verdict: every event about it
-/// carries its order id and, once known, its outcome. When `consuming`
-/// exports, it also carries the name and kind it is exported with; given
-/// here, at its creation, they cost the log layer one field each, where a
-/// `record` afterwards makes it read back and rewrite the span's fields.
-fn order_span(redelivered: bool, order_id: &str, consuming: &Consuming) -> tracing::Span {
-    if consuming.exports {
-        use tracing::field::Empty;
-        // The fields after `otel.kind` are never recorded, so no log line
-        // shows them. They are room: the export layer gives an exported
-        // span's attributes one slot per field, and the span thread adds
-        // these attributes there (`telemetry::spans`). Without the room, it
-        // grew that list twice per order, moving what this thread allocated.
-        // With more (18 fields or more, 1,008 bytes), the list would be a
-        // large chunk to glibc, and allocating one on this thread first
-        // merges every small chunk the other threads freed into its arena.
-        tracing::info_span!(
-            target: CONSUMER,
-            "delivery",
-            order_id,
-            outcome = Empty,
-            redelivered,
-            otel.name = consuming.name.as_str(),
-            otel.kind = "consumer",
-            messaging.system = Empty,
-            messaging.operation.type = Empty,
-            messaging.operation.name = Empty,
-            messaging.destination.name = Empty,
-            messaging.rabbitmq.destination.routing_key = Empty,
-            messaging.rabbitmq.message.delivery_tag = Empty,
-            messaging.message.id = Empty,
-            order_expiry.action = Empty,
-            order_expiry.due_at = Empty,
-            server.address = Empty,
-            server.port = Empty,
-        )
-    } else {
-        tracing::info_span!(
-            target: CONSUMER,
-            "delivery",
-            order_id,
-            outcome = tracing::field::Empty,
-            redelivered,
-        )
-    }
+/// carries its order id and, once known, its outcome. It is for the log
+/// lines only: its target keeps it from the export layer (`telemetry`), and
+/// an exported order's span is made from its [`OrderTrace`].
+fn order_span(redelivered: bool, order_id: &str) -> tracing::Span {
+    tracing::info_span!(
+        target: ORDER_SPAN,
+        "delivery",
+        order_id,
+        outcome = tracing::field::Empty,
+        redelivered,
+    )
 }
 
 /// Records the outcome where it will be read (the delivery's span, or for a
 /// cancel with its line off, the exported span only) and logs it there. The
 /// exported span ends here.
 pub(super) fn log_outcome(pending: &mut Pending, outcome: Outcome, now: DateTime<Utc>) {
-    pending.trace.ended();
+    let trace = &mut pending.trace;
     let label = outcome.label();
+    trace.ended();
+    trace.outcome(label);
     if outcome == Outcome::Cancelled {
         let lateness_ms = lateness_secs(&pending.message, now) * 1e3;
-        pending.trace.float("order_expiry.lateness_ms", lateness_ms);
+        trace.lateness_ms(lateness_ms);
+        // A cancel's only line is at debug. Where it is off, recording the
+        // outcome on the span would cost every cancel a rewrite of the
+        // span's fields by the log layer (16 % of the consumer thread's time
+        // in a traced flash sale with JSON logs), and nothing would show it.
         if tracing::enabled!(target: CONSUMER, Level::DEBUG) {
             pending.span.record("outcome", label);
             pending
                 .span
                 .in_scope(|| debug!(target: CONSUMER, lateness_ms, "handled"));
-        } else {
-            // A cancel's only line is at debug. Where it is off, nothing would
-            // show the outcome on the span, and recording it there costs every
-            // cancel a rewrite of the span's fields by the log layer (16 % of
-            // the consumer thread's time in a traced flash sale with JSON
-            // logs); entering the span, each layer's bookkeeping. Only the
-            // exported span is told, through its trace, which also says when
-            // it ends.
-            pending.trace.text("outcome", label);
         }
         return;
     }
     pending.span.record("outcome", label);
     let _entered = pending.span.enter();
     match outcome {
-        Outcome::Unknown => info!(target: CONSUMER, rechecks = pending.message.unknown_rechecks,
-            "due order does not exist"),
+        Outcome::Unknown => {
+            let rechecks = pending.message.unknown_rechecks;
+            info!(target: CONSUMER, rechecks, "{UNKNOWN}");
+            trace.event(UNKNOWN, &[("rechecks", &rechecks)]);
+        }
         _ => debug!(target: CONSUMER, "handled"),
     }
 }
 
-#[cfg(all(test, feature = "otel"))]
+/// The line of an order that does not exist.
+const UNKNOWN: &str = "due order does not exist";
+
+#[cfg(all(test, feature = "otlp"))]
 mod tests {
+    use std::sync::Mutex;
+
+    use lapin::BasicProperties;
+    use opentelemetry::trace::SpanKind;
+    use opentelemetry_sdk::error::OTelSdkResult;
+    use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
+
     use super::*;
     use crate::amqp::BrokerNode;
+    use crate::publisher::OrderId;
 
-    /// The export layer sizes an exported span's list of attributes by its
-    /// `tracing` fields (`order_span` says why that matters): an order's span
-    /// has room for every attribute it is given, and stays a small chunk.
+    /// Keeps every span exported to it.
+    #[derive(Debug, Clone, Default)]
+    struct Kept(Arc<Mutex<Vec<SpanData>>>);
+
+    impl SpanExporter for Kept {
+        async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+            self.0.lock().unwrap().extend(batch);
+            Ok(())
+        }
+    }
+
+    /// Two orders of one batch through the SQL action, under the
+    /// subscriber `serve` installs when it exports: each has one span, made
+    /// apart from its `tracing` span, which is not exported; a child of and
+    /// linked to the span it was created in, linked both ways to its batch,
+    /// with every attribute, and the lines logged about it as events.
     #[test]
-    fn an_exported_order_span_has_a_field_for_each_of_its_attributes() {
-        let consuming = Consuming {
-            name: "process shop.due".to_owned(),
-            queue: "shop.due".to_owned(),
-            action: "sql",
-            node: BrokerNode {
+    fn an_exported_order_has_one_span_with_its_story() {
+        let kept = Kept::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(kept.clone())
+            .build();
+        let dispatch = crate::telemetry::dispatch_exporting_to(&provider);
+        let creation = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let creation = TraceContext::parse(creation, None).unwrap();
+        tracing::dispatcher::with_default(&dispatch, || {
+            let node = BrokerNode {
                 host: "rabbitmq".to_owned(),
                 port: 5672,
-            },
-            exports: true,
-            passes_on: false,
-        };
-        let dispatch = tracing::Dispatch::new(tracing_subscriber::registry());
-        let fields = tracing::dispatcher::with_default(&dispatch, || {
-            let span = order_span(false, "o-1", &consuming);
-            span.metadata().map(|m| m.fields().len())
+            };
+            let consuming = Arc::new(Consuming::new("shop.due", "sql", node, false));
+            let mut delivery = Delivery::mock(7, "".into(), "shop.due".into(), true, Vec::new());
+            delivery.properties = BasicProperties::default().with_message_id("m-7".into());
+            let delivery = Arc::new(delivery);
+            let order = |id: &str| {
+                let message = ExpiryMessage::new(OrderId::new(id).unwrap(), Utc::now());
+                let message = message.with_trace(creation.clone());
+                Pending::new(Arc::clone(&delivery), message, &consuming)
+            };
+            let (mut cancelled, mut unknown) = (order("o-1"), order("o-2"));
+            let batch =
+                tracing::info_span!(target: CONSUMER, "expire", otel.name = "expire orders");
+            spans::batch_root(&batch);
+            for pending in [&mut cancelled, &mut unknown] {
+                pending.trace.in_batch(&batch);
+                pending.trace.attempt(1);
+            }
+            log_outcome(&mut cancelled, Outcome::Cancelled, Utc::now());
+            log_outcome(&mut unknown, Outcome::Unknown, Utc::now());
         });
-        let fields = fields.expect("the order's span is enabled");
-        assert!(
-            fields >= spans::ORDER_SPAN_ATTRIBUTES,
-            "{fields} fields for {} attributes",
-            spans::ORDER_SPAN_ATTRIBUTES
-        );
-        // To glibc, a chunk is the size asked for plus 8, rounded up to 16;
-        // from 1,024 it is a large one.
-        let bytes = fields * std::mem::size_of::<opentelemetry::KeyValue>();
-        let chunk = (bytes + 8).next_multiple_of(16);
-        assert!(chunk < 1024, "{fields} attributes take a chunk of {chunk}");
+        spans::drain(Duration::from_secs(5));
+        let exported = kept.0.lock().unwrap().clone();
+        let names: Vec<&str> = exported.iter().map(|s| s.name.as_ref()).collect();
+        assert_eq!(names.len(), 3, "two orders and their batch: {names:?}");
+        let batch = exported.iter().find(|s| s.name == "expire orders");
+        let batch = batch.expect("the batch's span");
+        for id in ["o-1", "o-2"] {
+            let attribute = |span: &SpanData, key: &str| {
+                let found = span.attributes.iter().find(|kv| kv.key.as_str() == key);
+                found.map(|kv| kv.value.to_string())
+            };
+            let order = exported
+                .iter()
+                .find(|s| attribute(s, "order_id").as_deref() == Some(id))
+                .unwrap_or_else(|| panic!("{id}'s span in {names:?}"));
+            assert_eq!(order.name, "process shop.due", "{id}");
+            assert_eq!(order.span_kind, SpanKind::Consumer, "{id}");
+            let context = &order.span_context;
+            assert_eq!(context.trace_id().to_string(), creation.trace_id(), "{id}");
+            assert_eq!(order.parent_span_id.to_string(), "b7ad6b7169203331", "{id}");
+            let linked = |from: &SpanData, to: &str| {
+                from.links
+                    .links
+                    .iter()
+                    .any(|l| l.span_context.span_id().to_string() == to)
+            };
+            assert!(
+                linked(order, "b7ad6b7169203331"),
+                "{id} links to its creation"
+            );
+            let batch_id = batch.span_context.span_id().to_string();
+            assert!(linked(order, &batch_id), "{id} links to its batch");
+            assert!(
+                linked(batch, &context.span_id().to_string()),
+                "the batch to {id}"
+            );
+            assert_eq!(attribute(order, "redelivered").as_deref(), Some("true"));
+            assert_eq!(
+                attribute(order, "messaging.message.id").as_deref(),
+                Some("m-7")
+            );
+            let attributes = order.attributes.len();
+            let events: Vec<&str> = order
+                .events
+                .events
+                .iter()
+                .map(|e| e.name.as_ref())
+                .collect();
+            if id == "o-1" {
+                assert_eq!(attribute(order, "outcome").as_deref(), Some("cancelled"));
+                assert_eq!(
+                    attributes,
+                    spans::ORDER_SPAN_ATTRIBUTES,
+                    "{:?}",
+                    order.attributes
+                );
+                assert!(events.is_empty(), "{events:?}");
+            } else {
+                assert_eq!(attribute(order, "outcome").as_deref(), Some("unknown"));
+                assert_eq!(events, [UNKNOWN]);
+            }
+        }
     }
 }

@@ -17,16 +17,17 @@ use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkError;
 use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider,
+    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider,
 };
 use thiserror::Error;
 use tracing::Subscriber;
-use tracing_opentelemetry::OpenTelemetryLayer;
+use tracing_subscriber::Layer;
 use tracing_subscriber::registry::LookupSpan;
 
 pub use self::plan::OtlpConfigError;
 use self::plan::{ExportPlan, SamplerChoice};
 use crate::settings::OtlpSettings;
+use crate::telemetry::OrderSpans;
 
 /// Bound on one export request, and on the flush at shutdown: a collector that
 /// does not answer must not hold `serve`'s exit.
@@ -121,25 +122,13 @@ impl OtlpExport {
     }
 
     /// The `tracing` layer that turns spans into OpenTelemetry spans of this
-    /// provider. A span carries its own fields and nothing the bridge could
-    /// add by itself (source location, thread, busy and idle time, target):
-    /// they would cost every span a clock read or a string, and tell an
-    /// operator nothing about an order. Entering a span does not make its
-    /// context the thread's current one: nothing here reads
-    /// `opentelemetry::Context::current()` (each context passed on is read off
-    /// its span), and at a flash sale's 20,000 orders a second the attach and
-    /// detach on every poll of every order's span was a cost of its own.
-    pub fn layer<S>(&self) -> OpenTelemetryLayer<S, SdkTracer>
+    /// provider, with the tracer the consumer makes each order's span with
+    /// ([`OrderSpans`]).
+    pub fn layer<S>(&self) -> impl Layer<S> + Send + Sync + 'static
     where
-        S: Subscriber + for<'span> LookupSpan<'span>,
+        S: Subscriber + Send + Sync + for<'span> LookupSpan<'span>,
     {
-        tracing_opentelemetry::layer()
-            .with_tracer(self.provider.tracer(SCOPE))
-            .with_location(false)
-            .with_threads(false)
-            .with_tracked_inactivity(false)
-            .with_target(false)
-            .with_context_activation(false)
+        layer(&self.provider)
     }
 
     /// The provider, for `opentelemetry::global` and for code that makes
@@ -170,6 +159,28 @@ impl OtlpExport {
         })
         .await
     }
+}
+
+/// [`OtlpExport::layer`] for `provider`. A span carries its own fields and
+/// nothing the bridge could add by itself (source location, thread, busy and
+/// idle time, target): they would cost every span a clock read or a string,
+/// and tell an operator nothing about an order. Entering a span does not make
+/// its context the thread's current one: nothing here reads
+/// `opentelemetry::Context::current()` (each context passed on is read off its
+/// span), and at a flash sale's 20,000 orders a second the attach and detach
+/// on every poll of every order's span was a cost of its own.
+pub(crate) fn layer<S>(provider: &SdkTracerProvider) -> impl Layer<S> + Send + Sync + 'static
+where
+    S: Subscriber + Send + Sync + for<'span> LookupSpan<'span>,
+{
+    tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer(SCOPE))
+        .with_location(false)
+        .with_threads(false)
+        .with_tracked_inactivity(false)
+        .with_target(false)
+        .with_context_activation(false)
+        .and_then(OrderSpans::new(provider.tracer(SCOPE)))
 }
 
 /// The SDK's flush and shutdown block their thread until the batch thread has
