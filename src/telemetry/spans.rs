@@ -69,7 +69,7 @@ mod bridge {
         Event, Link, Span as _, SpanBuilder, SpanContext, SpanId, SpanKind, Status,
         TraceContextExt as _, TraceFlags, TraceId, TraceState, Tracer,
     };
-    use opentelemetry::{Context, KeyValue};
+    use opentelemetry::{Context, KeyValue, Value};
     use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
     use super::{Consuming, finisher};
@@ -138,13 +138,15 @@ mod bridge {
                     .downcast_ref::<OrderSpans>()
                     .map(|spans| Arc::clone(&spans.0))
             })?;
+            // Shared, not owned, so that each order's copy is a count.
+            let shared = |text: &str| Value::from(Arc::<str>::from(text));
             let session = vec![
                 KeyValue::new("messaging.system", "rabbitmq"),
                 KeyValue::new("messaging.operation.type", "process"),
                 KeyValue::new("messaging.operation.name", "process"),
-                KeyValue::new("messaging.destination.name", queue.to_owned()),
+                KeyValue::new("messaging.destination.name", shared(queue)),
                 KeyValue::new("order_expiry.action", action),
-                KeyValue::new("server.address", node.host.clone()),
+                KeyValue::new("server.address", shared(&node.host)),
                 KeyValue::new("server.port", i64::from(node.port)),
             ];
             Some(Self {
