@@ -101,14 +101,7 @@ impl<A: Action> Session<'_, A> {
                     .failing_since
                     .unwrap_or_else(std::time::Instant::now);
                 if pass.may_retry_held(pending.attempts, since, held) {
-                    let attempts = pending.attempts;
-                    pending.span.in_scope(
-                        || info!(target: CONSUMER, reason = %reason, attempts, "{RETRY_HELD}"),
-                    );
-                    let why: &dyn Display = &reason;
-                    pending
-                        .trace
-                        .event(RETRY_HELD, &[("reason", why), ("attempts", &attempts)]);
+                    retrying(&mut pending, RETRY_HELD, &reason);
                     self.unacked.mark(tag, State::Waiting);
                     self.retries.again(pending);
                 } else {
@@ -116,14 +109,7 @@ impl<A: Action> Session<'_, A> {
                     let delay = TimeDelta::from_std(delay).unwrap_or(TimeDelta::MAX);
                     let mut again = pending.message.again_at(self.consumer.clock.now() + delay);
                     again.attempts = pending.attempts;
-                    let attempts = pending.attempts;
-                    pending.span.in_scope(
-                        || info!(target: CONSUMER, reason = %reason, attempts, "{RETRY_LADDER}"),
-                    );
-                    let why: &dyn Display = &reason;
-                    pending
-                        .trace
-                        .event(RETRY_LADDER, &[("reason", why), ("attempts", &attempts)]);
+                    retrying(&mut pending, RETRY_LADDER, &reason);
                     pass.again(again, Outcome::RetryRequeued, false);
                 }
             }
@@ -267,6 +253,19 @@ fn describe(pending: &mut Pending, next: &Next) {
         pending.trace.outcome(outcome);
     }
     pending.trace.attempt(pending.attempts.saturating_add(1));
+}
+
+/// Says in `pending`'s span that the action will try it again, as `line`
+/// says, and why; the line is also an event of its exported span.
+fn retrying(pending: &mut Pending, line: &'static str, reason: &str) {
+    let attempts = pending.attempts;
+    pending
+        .span
+        .in_scope(|| info!(target: CONSUMER, reason = %reason, attempts, "{line}"));
+    let why: &dyn Display = &reason;
+    pending
+        .trace
+        .event(line, &[("reason", why), ("attempts", &attempts)]);
 }
 
 /// The lines of an order the action did not take this time, each also an
