@@ -13,6 +13,8 @@ pub(crate) mod spans;
 mod subscriber;
 
 pub(crate) use self::catalog::*;
+#[cfg(all(test, feature = "otlp"))]
+pub(crate) use self::otlp::LINKS_PER_SPAN;
 #[cfg(feature = "otlp")]
 pub use self::otlp::{OtlpConfigError, OtlpError, OtlpExport};
 #[cfg(feature = "service")]

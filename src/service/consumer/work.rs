@@ -396,17 +396,20 @@ mod tests {
         }
     }
 
-    /// Two orders of one batch through the SQL action, under the
-    /// subscriber `serve` installs when it exports: each has one span, made
-    /// apart from its `tracing` span, which is not exported; a child of and
-    /// linked to the span it was created in, linked both ways to its batch,
-    /// with every attribute, and the lines logged about it as events.
+    /// A full batch through the SQL action (`consumer.batch_max` orders),
+    /// under the subscriber `serve` installs when it exports, with its
+    /// limits: each order has one span, made apart from its `tracing` span,
+    /// which is not exported; a child of and linked to the span it was
+    /// created in, linked both ways to its batch, with every attribute, and
+    /// the lines logged about it as events.
     #[test]
     fn an_exported_order_has_one_span_with_its_story() {
         let kept = Kept::default();
         let provider = SdkTracerProvider::builder()
             .with_simple_exporter(kept.clone())
+            .with_max_links_per_span(crate::telemetry::LINKS_PER_SPAN)
             .build();
+        let full = crate::Settings::default().consumer.batch_max;
         let dispatch = crate::telemetry::dispatch_exporting_to(&provider);
         let creation = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
         let creation = TraceContext::parse(creation, None).unwrap();
@@ -424,23 +427,33 @@ mod tests {
                 let message = message.with_trace(creation.clone());
                 Pending::new(Arc::clone(&delivery), message, &consuming)
             };
-            let (mut cancelled, mut unknown) = (order("o-1"), order("o-2"));
+            let mut orders: Vec<Pending> = (1..=full).map(|i| order(&format!("o-{i}"))).collect();
             let batch =
                 tracing::info_span!(target: CONSUMER, "expire", otel.name = "expire orders");
             spans::batch_root(&batch);
-            for pending in [&mut cancelled, &mut unknown] {
+            for pending in &mut orders {
                 pending.trace.in_batch(&batch);
                 pending.trace.attempt(1);
             }
-            log_outcome(&mut cancelled, Outcome::Cancelled, Utc::now());
-            log_outcome(&mut unknown, Outcome::Unknown, Utc::now());
+            for (i, pending) in orders.iter_mut().enumerate() {
+                let outcome = match i {
+                    1 => Outcome::Unknown,
+                    _ => Outcome::Cancelled,
+                };
+                log_outcome(pending, outcome, Utc::now());
+            }
         });
         spans::drain(Duration::from_secs(5));
         let exported = kept.0.lock().unwrap().clone();
         let names: Vec<&str> = exported.iter().map(|s| s.name.as_ref()).collect();
-        assert_eq!(names.len(), 3, "two orders and their batch: {names:?}");
+        assert_eq!(names.len(), full + 1, "the orders and their batch");
         let batch = exported.iter().find(|s| s.name == "expire orders");
         let batch = batch.expect("the batch's span");
+        assert_eq!(
+            batch.links.links.len(),
+            full,
+            "the batch links to each order"
+        );
         for id in ["o-1", "o-2"] {
             let attribute = |span: &SpanData, key: &str| {
                 let found = span.attributes.iter().find(|kv| kv.key.as_str() == key);

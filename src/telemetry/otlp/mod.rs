@@ -24,6 +24,8 @@ use tracing::Subscriber;
 use tracing_subscriber::Layer;
 use tracing_subscriber::registry::LookupSpan;
 
+#[cfg(test)]
+pub(crate) use self::plan::LINKS_PER_SPAN;
 pub use self::plan::OtlpConfigError;
 use self::plan::{ExportPlan, SamplerChoice};
 use crate::settings::OtlpSettings;
@@ -105,11 +107,14 @@ impl OtlpExport {
         let processor = BatchSpanProcessor::builder(exporter)
             .with_batch_config(batch.build())
             .build();
-        let provider = SdkTracerProvider::builder()
+        let mut provider = SdkTracerProvider::builder()
             .with_span_processor(processor)
             .with_sampler(sampler(&plan.sampler))
-            .with_resource(resource(&plan))
-            .build();
+            .with_resource(resource(&plan));
+        if let Some(links) = plan.links_per_span {
+            provider = provider.with_max_links_per_span(links);
+        }
+        let provider = provider.build();
         Ok(Some(Self {
             provider,
             endpoint: plan.traces_endpoint,
