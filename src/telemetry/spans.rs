@@ -328,16 +328,18 @@ mod bridge {
             })
             .collect();
         let to_batch = || vec![KeyValue::new("order_expiry.link", "batch")];
-        let mut verdict = Vec::with_capacity(3);
-        if let Some(ms) = story.lateness_ms {
-            verdict.push(KeyValue::new("order_expiry.lateness_ms", ms));
-        }
-        if let Some(outcome) = story.outcome {
-            verdict.push(KeyValue::new("outcome", outcome));
-        }
-        if let Some(attempt) = story.attempt {
-            verdict.push(KeyValue::new("order_expiry.attempt", i64::from(attempt)));
-        }
+        let verdict = [
+            story
+                .lateness_ms
+                .map(|ms| KeyValue::new("order_expiry.lateness_ms", ms)),
+            story
+                .outcome
+                .map(|outcome| KeyValue::new("outcome", outcome)),
+            story
+                .attempt
+                .map(|n| KeyValue::new("order_expiry.attempt", i64::from(n))),
+        ];
+        let verdict = verdict.into_iter().flatten();
         let mut span = match story.started.take() {
             Some(mut span) => {
                 span.set_attributes(verdict);

@@ -334,9 +334,8 @@ fn order_span(redelivered: bool, order_id: &str) -> tracing::Span {
     )
 }
 
-/// Records the outcome where it will be read (the delivery's span, or for a
-/// cancel with its line off, the exported span only) and logs it there. The
-/// exported span ends here.
+/// Tells the exported span the outcome (its span ends here), and records it
+/// on the delivery's span where a line will show it, and logs it there.
 pub(super) fn log_outcome(pending: &mut Pending, outcome: Outcome, now: DateTime<Utc>) {
     let trace = &mut pending.trace;
     let label = outcome.label();
